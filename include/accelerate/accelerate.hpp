@@ -1,0 +1,8 @@
+// The umbrella header for trainers and examples: everything but the NCCL backend
+// (<accelerate/distributed/nccl.hpp>). Library headers never include it.
+#pragma once
+
+#include <accelerate/accelerator.hpp>
+#include <accelerate/data/idx.hpp>
+#include <accelerate/data/tensor_dataset.hpp>
+#include <accelerate/version.hpp>

@@ -1,0 +1,900 @@
+// Accelerator<Backend, Precision, Accumulation, Clip>: the policy core. prepare() wraps a
+// trainer's objects, backward()/accumulate()/autocast() apply the policies, and the collectives
+// work on tensors and nested containers. This is the only place the policy slots are checked.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <accelerate/amp/grad_scaler.hpp>
+#include <accelerate/checkpoint/module_state.hpp>
+#include <accelerate/checkpoint/stateful.hpp>
+#include <accelerate/data/batch.hpp>
+#include <accelerate/data/loader.hpp>
+#include <accelerate/data/shard_sampler.hpp>
+#include <accelerate/detail/check.hpp>
+#include <accelerate/detail/diagnostics.hpp>
+#include <accelerate/detail/local_engine.hpp>
+#include <accelerate/detail/type_name.hpp>
+#include <accelerate/distributed/reduction.hpp>
+#include <accelerate/distributed/stats.hpp>
+#include <accelerate/options.hpp>
+#include <accelerate/policy/accumulation.hpp>
+#include <accelerate/policy/backend.hpp>
+#include <accelerate/policy/clip.hpp>
+#include <accelerate/policy/precision.hpp>
+#include <accelerate/prepared/dataloader.hpp>
+#include <accelerate/prepared/model.hpp>
+#include <accelerate/prepared/optimizer.hpp>
+#include <accelerate/prepared/preparable.hpp>
+#include <accelerate/prepared/scheduler.hpp>
+#include <accelerate/random.hpp>
+#include <accelerate/scope/accumulate.hpp>
+#include <accelerate/scope/autocast.hpp>
+
+namespace accelerate {
+
+namespace detail {
+
+/// Stands in for a member a policy does not need; [[no_unique_address]] makes it free.
+struct Empty {};
+
+/// What save_state/load_state visit: one entry per prepared or registered object.
+struct CheckpointEntry {
+  enum class Kind { model, optimizer, scheduler, dataloader, custom };
+  Kind kind;
+  std::function<StateDict()> save;
+  std::function<void(const StateDict&)> load;
+};
+
+/// State every Accelerator has, whatever its policies.
+struct CoreState {
+  AcceleratorOptions options;
+  c10::Device device{c10::kCPU};
+  BatchPosition batch;                     // from the most recent prepared-dataloader batch
+  std::vector<CheckpointEntry> checkpoint; // in prepare()/registration order
+};
+
+/// Accumulation bookkeeping; empty (no counter) when the policy never skips a sync.
+template <class A, bool = accumulates<A>>
+struct AccumulationState {
+  explicit AccumulationState(const AcceleratorOptions& o) {
+    ACCELERATE_CHECK(o.gradient_accumulation_steps <= 1 || o.gradient_accumulation_steps == A::steps,
+                     "AcceleratorOptions::gradient_accumulation_steps is ",
+                     o.gradient_accumulation_steps, " but the Accumulation policy fixes 1 "
+                     "micro-step per optimizer step; use Accumulate<N> or AccumulateDynamic");
+  }
+};
+template <class A>
+struct AccumulationState<A, true> {
+  std::size_t steps;        // N: micro-steps per optimizer step
+  std::size_t step = 0;     // micro-steps since the last forced sync (Accelerate's `step`)
+  bool sync = true;         // this micro-step completes a window
+  double divisor;           // what backward() divides the loss by in the current window
+
+  explicit AccumulationState(const AcceleratorOptions& o)
+      : steps(A::dynamic ? o.gradient_accumulation_steps : A::steps),
+        divisor(static_cast<double>(steps)) {
+    if constexpr (A::dynamic) {
+      ACCELERATE_CHECK(o.gradient_accumulation_steps >= 1,
+                       "AcceleratorOptions::gradient_accumulation_steps must be >= 1 with "
+                       "AccumulateDynamic, got ", o.gradient_accumulation_steps);
+    } else {
+      ACCELERATE_CHECK(o.gradient_accumulation_steps == 0 || o.gradient_accumulation_steps == A::steps,
+                       "AcceleratorOptions::gradient_accumulation_steps is ",
+                       o.gradient_accumulation_steps, " but the policy is Accumulate<", A::steps,
+                       ">; leave it 0 or use AccumulateDynamic");
+    }
+  }
+};
+
+/// The grad scaler and its optimizers (Fp16); empty otherwise.
+template <class P, bool = P::uses_grad_scaler>
+struct PrecisionState {
+  PrecisionState(const AcceleratorOptions&, const c10::Device&) {}
+};
+template <class P>
+struct PrecisionState<P, true> {
+  GradScaler scaler;
+  std::vector<std::shared_ptr<OptimizerAmpState>> optimizers;
+  bool step_skipped = false;  // the last optimizer step was skipped (inf/NaN)
+  PrecisionState(const AcceleratorOptions& o, const c10::Device& device)
+      : scaler(o.grad_scaler, device) {}
+};
+
+/// The last pre-clip gradient norm (ClipNorm); empty otherwise.
+template <class C, ClipKind = C::kind>
+struct ClipState {};
+template <class C>
+struct ClipState<C, ClipKind::norm> {
+  double last_norm = 0.0;
+};
+
+template <class T>
+inline constexpr bool dependent_false = false;
+
+}  // namespace detail
+
+/// The training-loop accelerator, assembled from four policies (see policy/):
+///   - Backend: SingleProcess (default), Gloo, Nccl;
+///   - Precision: Fp32 (default), Bf16, Fp16;
+///   - Accumulation: NoAccumulation (default), Accumulate<N>, AccumulateDynamic;
+///   - Clip: NoClip (default), ClipNorm<P>, ClipValue.
+/// Run-time knobs are in AcceleratorOptions. A policy that is off adds no member and no code;
+/// tests/static/ proves it. An Accelerator neither copies nor moves: prepared objects refer
+/// to it.
+/// Example:
+///   using Acc = accelerate::Accelerator<accelerate::Gloo, accelerate::Bf16, accelerate::Accumulate<4>>;
+///   Acc acc{{.seed = 42}};
+///   auto [model, opt, loader] = acc.prepare(net, optimizer, accelerate::DataLoader(data, {.batch_size = 32}));
+///   for (auto& [x, y] : loader) {
+///     auto step = acc.accumulate(model);
+///     acc.backward(torch::nll_loss(model(x), y));
+///     opt.step();  opt.zero_grad();
+///   }
+template <class Backend = SingleProcess, class Precision = Fp32, class Accumulation = NoAccumulation,
+          class Clip = NoClip>
+class Accelerator {
+  // One check per slot, here and only here. A rejected type also names itself through
+  // detail::rejected_policy<Slot, T>; the body then uses the default in its place, so each
+  // mistake produces one error, not a cascade.
+  static_assert(BackendPolicy<Backend>,
+                "accelerate: the Backend slot (template argument 1) needs a type that satisfies "
+                "accelerate::BackendPolicy (SingleProcess, Gloo, Nccl); see <accelerate/policy/backend.hpp>");
+  static_assert(detail::accepted<detail::BackendSlot, Backend, BackendPolicy<Backend>>);
+  static_assert(PrecisionPolicy<Precision>,
+                "accelerate: the Precision slot (template argument 2) needs a type that satisfies "
+                "accelerate::PrecisionPolicy (Fp32, Bf16, Fp16); see <accelerate/policy/precision.hpp>");
+  static_assert(detail::accepted<detail::PrecisionSlot, Precision, PrecisionPolicy<Precision>>);
+  static_assert(AccumulationPolicy<Accumulation>,
+                "accelerate: the Accumulation slot (template argument 3) needs a type that satisfies "
+                "accelerate::AccumulationPolicy (NoAccumulation, Accumulate<N>, AccumulateDynamic); "
+                "see <accelerate/policy/accumulation.hpp>");
+  static_assert(detail::accepted<detail::AccumulationSlot, Accumulation,
+                                 AccumulationPolicy<Accumulation>>);
+  static_assert(ClipPolicy<Clip>,
+                "accelerate: the Clip slot (template argument 4) needs a type that satisfies "
+                "accelerate::ClipPolicy (NoClip, ClipNorm<P>, ClipValue); see <accelerate/policy/clip.hpp>");
+  static_assert(detail::accepted<detail::ClipSlot, Clip, ClipPolicy<Clip>>);
+
+ public:
+  using backend_policy = std::conditional_t<BackendPolicy<Backend>, Backend, SingleProcess>;
+  using precision_policy = std::conditional_t<PrecisionPolicy<Precision>, Precision, Fp32>;
+  using accumulation_policy =
+      std::conditional_t<AccumulationPolicy<Accumulation>, Accumulation, NoAccumulation>;
+  using clip_policy = std::conditional_t<ClipPolicy<Clip>, Clip, NoClip>;
+  using engine_type = typename detail::backend_engine<backend_policy>::type;
+  using model_sync_type = typename engine_type::ModelSync;
+
+  /// Whether some micro-steps skip gradient synchronisation.
+  static constexpr bool accumulating = accumulates<accumulation_policy>;
+  /// Whether this configuration talks to other processes.
+  static constexpr bool distributed = backend_policy::is_distributed;
+  static constexpr bool optimizer_needs_accelerator =
+      accumulating || precision_policy::uses_grad_scaler || clip_policy::kind != ClipKind::none;
+  static constexpr bool scheduler_needs_accelerator =
+      accumulating || precision_policy::uses_grad_scaler || distributed;
+  using optimizer_amp_slot =
+      std::conditional_t<precision_policy::uses_grad_scaler, std::shared_ptr<OptimizerAmpState>,
+                         detail::Empty>;
+
+  /// Builds the accelerator: validates the options, joins the other processes (distributed
+  /// backends), picks the device and seeds the generators when `options.seed` is set.
+  explicit Accelerator(AcceleratorOptions options = {})
+      : engine_(validated(options), fingerprint(options)),
+        core_{options, engine_.device(options), {}, {}},
+        accum_(options),
+        precision_(options, core_.device) {
+    check_device_supports_precision();
+    if (options.seed) set_seed(*options.seed);
+  }
+
+  Accelerator(const Accelerator&) = delete;
+  Accelerator& operator=(const Accelerator&) = delete;
+  Accelerator(Accelerator&&) = delete;
+  Accelerator& operator=(Accelerator&&) = delete;
+
+  // ---------------------------------------------------------------------------------------
+  // Where this process is.
+
+  /// The device models and batches are placed on (cpu, cuda:0, or cuda:LOCAL_RANK).
+  const c10::Device& device() const noexcept { return core_.device; }
+  /// Global rank.
+  int process_index() const noexcept { return engine_.rank(); }
+  /// Rank on this node.
+  int local_process_index() const noexcept { return engine_.local_rank(); }
+  /// World size.
+  int num_processes() const noexcept { return engine_.world_size(); }
+  bool is_main_process() const noexcept { return process_index() == 0; }
+  bool is_local_main_process() const noexcept { return local_process_index() == 0; }
+  bool is_last_process() const noexcept { return process_index() == num_processes() - 1; }
+  /// Accelerate's distributed_type: "NO", "MULTI_CPU" or "MULTI_GPU".
+  static constexpr std::string_view distributed_type() noexcept {
+    return backend_policy::distributed_type;
+  }
+  /// Accelerate's mixed_precision: "no", "bf16" or "fp16".
+  static constexpr std::string_view mixed_precision() noexcept { return precision_policy::name; }
+  const AcceleratorOptions& options() const noexcept { return core_.options; }
+
+  /// Micro-steps per optimizer step.
+  std::size_t gradient_accumulation_steps() const noexcept {
+    if constexpr (accumulating) return accum_.steps;
+    else return 1;
+  }
+
+  /// Whether the current micro-step completes an accumulation window (always true, at
+  /// compile time, without accumulation).
+  constexpr bool sync_gradients() const noexcept {
+    if constexpr (accumulating) return accum_.sync;
+    else return true;
+  }
+
+  /// Micro-steps counted by accumulate() since the last forced sync (Accelerate's `step`).
+  std::size_t step() const noexcept {
+    if constexpr (accumulating) return accum_.step;
+    else return 0;
+  }
+
+  /// Calls and bytes per collective kind since construction (zero with one process).
+  CommStats stats() const { return engine_.stats(); }
+
+  /// Whether the last optimizer step was skipped for an inf/NaN gradient (Fp16).
+  bool optimizer_step_was_skipped() const noexcept {
+    if constexpr (precision_policy::uses_grad_scaler) return precision_.step_skipped;
+    else return false;
+  }
+
+  /// The current loss scale (Fp16) or 1.
+  double loss_scale() const {
+    if constexpr (precision_policy::uses_grad_scaler) return precision_.scaler.get_scale();
+    else return 1.0;
+  }
+
+  /// The grad scaler (Fp16 only).
+  GradScaler& scaler()
+    requires precision_policy::uses_grad_scaler
+  {
+    return precision_.scaler;
+  }
+
+  /// The pre-clip global norm measured by the last clipping step (ClipNorm only).
+  double last_grad_norm() const
+    requires(clip_policy::kind == ClipKind::norm)
+  {
+    return clip_.last_norm;
+  }
+
+  /// Prints the arguments, separated by spaces, on the main process only.
+  template <class... Args>
+  void print(const Args&... args) const {
+    if (!is_main_process()) return;
+    std::ostringstream out;
+    bool first = true;
+    ((out << (first ? "" : " ") << args, first = false), ...);
+    std::cout << out.str() << std::endl;
+  }
+
+  /// Blocks until every process reaches this call (a no-op with one process).
+  void wait_for_everyone() { engine_.barrier(); }
+
+  /// Seeds torch's generators; `device_specific` adds the process index.
+  void set_seed(std::uint64_t seed, bool device_specific = false) {
+    accelerate::set_seed(seed, device_specific, static_cast<std::size_t>(process_index()));
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // prepare()
+
+  /// Wraps each argument for this accelerator and returns them in a std::tuple, in order:
+  ///   - a torch::nn module holder or std::shared_ptr<Module> -> PreparedModel (moved to
+  ///     device(); distributed: parameters broadcast from rank 0 and a gradient reducer);
+  ///   - a torch::optim optimizer -> PreparedOptimizer;
+  ///   - a torch::optim LR scheduler -> PreparedScheduler;
+  ///   - an accelerate::DataLoader, a map-style dataset or a range of batches ->
+  ///     PreparedDataLoader (this rank's shard, batches on device()).
+  /// Lvalue optimizers, schedulers and data are referred to, not copied: keep them alive.
+  /// Example:
+  ///   auto [model, opt, loader, sched] = acc.prepare(net, optimizer, data, scheduler);
+  template <class... Objects>
+  auto prepare(Objects&&... objects) {
+    // Braced initialisation evaluates left to right, so objects register in argument order.
+    return std::tuple<decltype(prepare_one(std::forward<Objects>(objects)))...>{
+        prepare_one(std::forward<Objects>(objects))...};
+  }
+
+  /// The user's module behind a prepared model (Accelerate's unwrap_model).
+  template <class Holder>
+  Holder& unwrap_model(PreparedModel<Holder, Accelerator>& model) const noexcept {
+    return model.unwrap();
+  }
+
+  /// Adds an object to save_state/load_state: anything Stateful (state_dict() /
+  /// load_state_dict(const StateDict&)) or a Boost.Hana adapted struct (include
+  /// <accelerate/checkpoint/reflect.hpp>). The object is referred to: keep it alive.
+  template <class T>
+  void register_for_checkpointing(T& object) {
+    if constexpr (Stateful<T>) {
+      core_.checkpoint.push_back({detail::CheckpointEntry::Kind::custom,
+                                  [&object] { return object.state_dict(); },
+                                  [&object](const StateDict& s) { object.load_state_dict(s); }});
+    } else if constexpr (requires { checkpoint_adapter<T>::save(object); }) {
+      core_.checkpoint.push_back({detail::CheckpointEntry::Kind::custom,
+                                  [&object] { return checkpoint_adapter<T>::save(object); },
+                                  [&object](const StateDict& s) { checkpoint_adapter<T>::load(object, s); }});
+    } else {
+      static_assert(detail::dependent_false<T>,
+                    "accelerate::register_for_checkpointing: the object needs state_dict() and "
+                    "load_state_dict(const accelerate::StateDict&) members, or must be a "
+                    "Boost.Hana adapted struct with <accelerate/checkpoint/reflect.hpp> included");
+    }
+  }
+
+  /// Every object save_state/load_state visit, in order (models, optimizers, ... as prepared).
+  const std::vector<detail::CheckpointEntry>& checkpoint_entries() const noexcept {
+    return core_.checkpoint;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // The training step.
+
+  /// Backpropagates `loss`: divided by the accumulation window's length (accumulation), scaled
+  /// (Fp16), then autograd. Gradients of prepared models are all-reduced from autograd hooks
+  /// while backward runs (distributed), and complete when it returns.
+  /// With Accelerator<> this is loss.backward().
+  void backward(const at::Tensor& loss) {
+    if constexpr (!accumulating && !precision_policy::uses_grad_scaler) {
+      loss.backward();
+    } else {
+      at::Tensor scaled = loss;
+      if constexpr (accumulating) scaled = scaled / accum_.divisor;
+      if constexpr (precision_policy::uses_grad_scaler) scaled = precision_.scaler.scale(scaled);
+      scaled.backward();
+    }
+  }
+
+  /// Opens one micro-step of gradient accumulation for the given prepared models and decides
+  /// whether it is a boundary (sync_gradients()). Off a boundary, the models' gradients are
+  /// not communicated and prepared optimizers/schedulers do nothing. The last batch of a
+  /// prepared dataloader always syncs (AcceleratorOptions::sync_with_dataloader).
+  /// Without accumulation the scope is empty and sync_gradients() is constexpr true.
+  /// Example:
+  ///   for (auto& [x, y] : loader) { auto step = acc.accumulate(model); ... }
+  template <class... Models>
+  auto accumulate(Models&... models) {
+    if constexpr (!accumulating) {
+      ((void)models, ...);
+      return AlwaysSyncScope{};
+    } else {
+      advance_micro_step();
+      if constexpr (distributed) {
+        return AccumulateScope<model_sync_type, sizeof...(Models)>(
+            accum_.sync, {&models.model_sync()...});
+      } else {
+        ((void)models, ...);
+        return AccumulateScope<model_sync_type, 0>(accum_.sync, {});
+      }
+    }
+  }
+
+  /// Skips gradient communication of the given models until the scope ends; gradients
+  /// accumulate locally (DDP's no_sync). Empty with one process.
+  template <class... Models>
+  auto no_sync(Models&... models) {
+    if constexpr (distributed) {
+      return NoSyncScope<model_sync_type, sizeof...(Models)>({&models.model_sync()...});
+    } else {
+      ((void)models, ...);
+      return NoSyncScope<model_sync_type, 0>({});
+    }
+  }
+
+  /// Autocast for work outside the model (a complex loss); an empty type under Fp32.
+  AutocastScope<precision_policy> autocast() const {
+    return AutocastScope<precision_policy>(core_.device.type());
+  }
+
+  /// Clips the gradients of `params` to a global `norm_type`-norm of at most `max_norm` and
+  /// returns the norm before clipping. Fp16 gradients are unscaled first (once per step, only
+  /// for the optimizers owning these parameters). Gradients are already averaged across ranks,
+  /// so the norm is the same on every rank.
+  double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
+                         double norm_type = 2.0) {
+    unscale_owners(params);
+    return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
+  }
+
+  /// Clamps every gradient element of `params` to [-value, value] (after unscaling, Fp16).
+  void clip_grad_value_(const std::vector<at::Tensor>& params, double value) {
+    unscale_owners(params);
+    torch::nn::utils::clip_grad_value_(params, value);
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Collectives on tensors and nested containers (vectors, arrays, tuples, maps, Examples).
+  // With one process each returns its input.
+
+  /// Concatenates every process's tensors along dimension 0, in rank order. Sizes along
+  /// dimension 0 may differ between processes.
+  template <class T>
+  T gather(const T& data) {
+    if constexpr (!distributed) return data;
+    else return data::map_tensors(data, [&](const at::Tensor& t) { return gather_tensor(t); });
+  }
+
+  /// gather(), and on the last batch of a prepared dataloader drop the samples that even
+  /// batching duplicated, so a whole evaluation gathers exactly the dataset's length.
+  template <class T>
+  T gather_for_metrics(const T& data) {
+    T gathered = gather(data);
+    const auto& pos = core_.batch;
+    if (!pos.at_last_batch || pos.remainder == 0) return gathered;
+    const auto keep = static_cast<int64_t>(pos.remainder);
+    return data::map_tensors(gathered, [&](const at::Tensor& t) {
+      return t.dim() > 0 && t.size(0) > keep ? t.narrow(0, 0, keep) : t;
+    });
+  }
+
+  /// Combines every process's tensors element-wise (sum, mean, max, min).
+  template <class T>
+  T reduce(const T& data, Reduction reduction = Reduction::sum) {
+    if constexpr (!distributed) return data;
+    else
+      return data::map_tensors(data, [&](const at::Tensor& t) {
+        at::Tensor out = t.clone();
+        engine_.all_reduce(out, reduction);
+        return out;
+      });
+  }
+
+  /// Every process receives process `from`'s tensors (shapes and dtypes follow the sender).
+  template <class T>
+  T broadcast(const T& data, int from = 0) {
+    if constexpr (!distributed) return data;
+    else
+      return data::map_tensors(data, [&](const at::Tensor& t) { return broadcast_tensor(t, from); });
+  }
+
+  /// Pads each tensor along `dim` with `pad_value` to the largest size across processes
+  /// (before the data when `pad_first`), so they can be gathered.
+  template <class T>
+  T pad_across_processes(const T& data, int64_t dim = 0, double pad_value = 0,
+                         bool pad_first = false) {
+    if constexpr (!distributed) return data;
+    else
+      return data::map_tensors(data, [&](const at::Tensor& t) {
+        const int64_t d = dim < 0 ? dim + t.dim() : dim;
+        ACCELERATE_CHECK(d >= 0 && d < t.dim(), "pad_across_processes: dim ", dim,
+                         " is out of range for a tensor of shape ", t.sizes());
+        at::Tensor size = at::tensor({t.size(d)}, at::kLong).to(core_.device);
+        engine_.all_reduce(size, Reduction::max);
+        const int64_t target = size.item<int64_t>();
+        if (target == t.size(d)) return t;
+        std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+        shape[static_cast<std::size_t>(d)] = target;
+        at::Tensor out = at::full(shape, pad_value, t.options());
+        const int64_t offset = pad_first ? target - t.size(d) : 0;
+        out.narrow(d, offset, t.size(d)).copy_(t);
+        return out;
+      });
+  }
+
+  /// This process's contiguous share of `inputs` (a vector or a tensor's rows): the first
+  /// len % world processes get one extra item; with `apply_padding` every process gets
+  /// ceil(len / world) items, the last item repeated.
+  template <class T>
+  T split_between_processes(const T& inputs, bool apply_padding = false) const {
+    const auto world = static_cast<std::size_t>(num_processes());
+    const auto rank = static_cast<std::size_t>(process_index());
+    auto slice_range = [&](std::size_t length) {
+      const std::size_t base = length / world, extra = length % world;
+      const std::size_t begin = rank * base + std::min(rank, extra);
+      const std::size_t count = base + (rank < extra ? 1 : 0);
+      return std::pair{begin, count};
+    };
+    if constexpr (std::is_same_v<T, at::Tensor>) {
+      const auto length = static_cast<std::size_t>(inputs.size(0));
+      auto [begin, count] = slice_range(length);
+      at::Tensor out = inputs.narrow(0, static_cast<int64_t>(begin), static_cast<int64_t>(count));
+      const std::size_t target = (length + world - 1) / world;
+      if (apply_padding && count < target && length > 0) {
+        std::vector<int64_t> repeats(static_cast<std::size_t>(inputs.dim()), 1);
+        repeats[0] = static_cast<int64_t>(target - count);
+        out = at::cat({out, inputs.narrow(0, static_cast<int64_t>(length) - 1, 1).repeat(repeats)});
+      }
+      return out;
+    } else {
+      const std::size_t length = inputs.size();
+      auto [begin, count] = slice_range(length);
+      T out(inputs.begin() + static_cast<std::ptrdiff_t>(begin),
+            inputs.begin() + static_cast<std::ptrdiff_t>(begin + count));
+      const std::size_t target = (length + world - 1) / world;
+      if (apply_padding && length > 0)
+        while (out.size() < target) out.push_back(inputs.back());
+      return out;
+    }
+  }
+
+  /// Runs `fn` on the main process only; returns whether it ran.
+  template <class Fn>
+  bool on_main_process(Fn&& fn) {
+    if (!is_main_process()) return false;
+    std::forward<Fn>(fn)();
+    return true;
+  }
+  /// Runs `fn` on each node's local main process only; returns whether it ran.
+  template <class Fn>
+  bool on_local_main_process(Fn&& fn) {
+    if (!is_local_main_process()) return false;
+    std::forward<Fn>(fn)();
+    return true;
+  }
+  /// Runs `fn` on process `index` only; returns whether it ran.
+  template <class Fn>
+  bool on_process(int index, Fn&& fn) {
+    if (process_index() != index) return false;
+    std::forward<Fn>(fn)();
+    return true;
+  }
+
+  /// Scope in which the main process runs first and the others wait for it (downloads,
+  /// preprocessing): others block at entry, the main process at exit.
+  class MainProcessFirst {
+   public:
+    explicit MainProcessFirst(Accelerator& acc) : acc_(acc) {
+      if (!acc_.is_main_process()) acc_.wait_for_everyone();
+    }
+    ~MainProcessFirst() {
+      if (acc_.is_main_process()) acc_.wait_for_everyone();
+    }
+    MainProcessFirst(const MainProcessFirst&) = delete;
+    MainProcessFirst& operator=(const MainProcessFirst&) = delete;
+
+   private:
+    Accelerator& acc_;
+  };
+  /// Example: { auto first = acc.main_process_first(); prepare_cache(); }
+  MainProcessFirst main_process_first() { return MainProcessFirst(*this); }
+
+  // ---------------------------------------------------------------------------------------
+  // Called by prepared objects (public so they need no friendship; not for users).
+
+  /// A prepared optimizer's step under the policies.
+  template <class Optimizer>
+  void optimizer_step(Optimizer& optimizer, optimizer_amp_slot& amp) {
+    if constexpr (accumulating) {
+      if (!accum_.sync) return;
+    }
+    if constexpr (precision_policy::uses_grad_scaler) precision_.scaler.unscale_(amp->params, *amp);
+    if constexpr (clip_policy::kind == ClipKind::norm) {
+      clip_.last_norm = torch::nn::utils::clip_grad_norm_(checkpoint::detail::all_params(optimizer),
+                                                          core_.options.max_norm, clip_policy::norm_type);
+    } else if constexpr (clip_policy::kind == ClipKind::value) {
+      torch::nn::utils::clip_grad_value_(checkpoint::detail::all_params(optimizer),
+                                         core_.options.clip_value);
+    }
+    if constexpr (precision_policy::uses_grad_scaler) {
+      // Gradients are all-reduced before this point, so every rank sees the same inf/NaN.
+      const bool skip = amp->found_inf.template item<float>() > 0;
+      if (!skip) optimizer.step();
+      amp->skipped = skip;
+      precision_.step_skipped = skip;
+      precision_.scaler.update(amp->found_inf);
+      amp->unscaled = false;
+    } else {
+      optimizer.step();
+    }
+  }
+
+  /// How many times a prepared scheduler steps now.
+  int scheduler_steps_due() const {
+    if (!core_.options.step_scheduler_with_optimizer) return 1;
+    if constexpr (accumulating) {
+      if (!accum_.sync) return 0;
+    }
+    if constexpr (precision_policy::uses_grad_scaler) {
+      if (precision_.step_skipped) return 0;
+    }
+    return num_processes();
+  }
+
+  /// Records where the most recent batch of a prepared dataloader lies in its epoch.
+  void note_batch(const detail::BatchPosition& position) noexcept { core_.batch = position; }
+
+  /// The engine (process group, stores) behind the Backend policy.
+  engine_type& engine() noexcept { return engine_; }
+
+  /// The accumulation counter and flag as saved by save_state.
+  StateDict accumulation_state() const {
+    StateDict s;
+    if constexpr (accumulating) {
+      s.values = {{"step", accum_.step}, {"sync_gradients", accum_.sync}, {"divisor", accum_.divisor}};
+    } else {
+      s.values = {{"step", 0}};
+    }
+    return s;
+  }
+  void load_accumulation_state(const StateDict& s) {
+    if constexpr (accumulating) {
+      accum_.step = s.value<std::size_t>("step");
+      accum_.sync = s.value<bool>("sync_gradients");
+      accum_.divisor = s.value<double>("divisor");
+    }
+  }
+
+  /// A description of the compile-time configuration and the options every rank must share,
+  /// compared across ranks at start-up.
+  static std::string fingerprint(const AcceleratorOptions& o) {
+    std::ostringstream out;
+    out << "Backend=" << detail::type_name<backend_policy>()
+        << " Precision=" << detail::type_name<precision_policy>()
+        << " Accumulation=" << detail::type_name<accumulation_policy>()
+        << " Clip=" << detail::type_name<clip_policy>()
+        << " gradient_accumulation_steps=" << o.gradient_accumulation_steps
+        << " sync_with_dataloader=" << o.sync_with_dataloader << " max_norm=" << o.max_norm
+        << " clip_value=" << o.clip_value << " bucket_cap_bytes=" << o.bucket_cap_bytes
+        << " first_bucket_cap_bytes=" << o.first_bucket_cap_bytes
+        << " find_unused_parameters=" << o.find_unused_parameters
+        << " even_batches=" << o.even_batches;
+    return out.str();
+  }
+
+ private:
+  static const AcceleratorOptions& validated(const AcceleratorOptions& options) {
+    detail::validate(options);
+    return options;
+  }
+
+  void check_device_supports_precision() {
+    if constexpr (backend_policy::requires_cuda) {
+      ACCELERATE_CHECK(core_.device.is_cuda(), "Accelerator<", backend_policy::name,
+                       ">: needs a CUDA device, but none is visible");
+    }
+    if constexpr (precision_policy::autocast) {
+      // Accelerate silently drops fp16 on the CPU; we refuse instead. Probing the device's
+      // autocast with the policy's dtype is the check LibTorch itself applies.
+      const auto type = core_.device.type();
+      const auto previous = compat::autocast_dtype(type);
+      try {
+        compat::set_autocast_dtype(type, precision_policy::dtype);
+      } catch (const std::exception& e) {
+        detail::fail("Accelerator: mixed precision '", precision_policy::name,
+                     "' is not supported by autocast on ", core_.device, " in this LibTorch (",
+                     e.what(), "); choose another Precision policy");
+      }
+      compat::set_autocast_dtype(type, previous);
+    }
+  }
+
+  template <class T>
+  auto prepare_one(T&& object) {
+    if constexpr (ModuleLike<T>) {
+      return prepare_model(std::forward<T>(object));
+    } else if constexpr (OptimizerLike<T>) {
+      return prepare_optimizer(std::forward<T>(object));
+    } else if constexpr (SchedulerLike<T>) {
+      return prepare_scheduler(std::forward<T>(object));
+    } else if constexpr (DataSource<T>) {
+      return prepare_data(std::forward<T>(object));
+    } else {
+      static_assert(detail::dependent_false<T>,
+                    "accelerate::Accelerator::prepare: this argument is not a torch::nn module, a "
+                    "torch::optim optimizer or LR scheduler, an accelerate::DataLoader, a map-style "
+                    "dataset or a range of batches (its type is named by unpreparable_type<...> below)");
+      return detail::unpreparable_type<std::remove_cvref_t<T>>{};
+    }
+  }
+
+  template <class M>
+  auto prepare_model(M&& module) {
+    using Holder = std::remove_cvref_t<M>;
+    Holder holder = module;
+    holder->to(core_.device);
+    const std::string name = "model_" + std::to_string(count(detail::CheckpointEntry::Kind::model));
+    auto sync = engine_.make_model_sync(*holder, name, core_.options);
+    std::shared_ptr<torch::nn::Module> shared = detail::module_pointer(holder);
+    core_.checkpoint.push_back(
+        {detail::CheckpointEntry::Kind::model,
+         [shared] {
+           StateDict s;
+           for (auto& [key, value] : checkpoint::named_tensors(*shared)) s.tensors[key] = value;
+           return s;
+         },
+         [shared](const StateDict& s) { checkpoint::load_named_tensors(*shared, s.tensors, "model state"); }});
+    return PreparedModel<Holder, Accelerator>(std::move(holder), this, std::move(sync));
+  }
+
+  template <class O>
+  auto prepare_optimizer(O&& optimizer) {
+    auto held = detail::hold(std::forward<O>(optimizer));
+    using Optimizer = typename decltype(held)::element_type;
+    optimizer_amp_slot amp{};
+    if constexpr (precision_policy::uses_grad_scaler) {
+      amp = std::make_shared<OptimizerAmpState>();
+      amp->params = checkpoint::detail::all_params(*held);
+      precision_.optimizers.push_back(amp);
+    }
+    PreparedOptimizer<Optimizer, Accelerator> prepared(held, this, amp);
+    core_.checkpoint.push_back({detail::CheckpointEntry::Kind::optimizer,
+                                [prepared] { return prepared.state_dict(); },
+                                [prepared](const StateDict& s) mutable { prepared.load_state_dict(s); }});
+    return prepared;
+  }
+
+  template <class S>
+  auto prepare_scheduler(S&& scheduler) {
+    auto held = detail::hold(std::forward<S>(scheduler));
+    using Scheduler = typename decltype(held)::element_type;
+    PreparedScheduler<Scheduler, Accelerator> prepared(held, this);
+    core_.checkpoint.push_back({detail::CheckpointEntry::Kind::scheduler,
+                                [prepared] { return prepared.state_dict(); },
+                                [prepared](const StateDict& s) mutable { prepared.load_state_dict(s); }});
+    return prepared;
+  }
+
+  template <class D>
+  auto prepare_data(D&& data) {
+    using U = std::remove_cvref_t<D>;
+    if constexpr (DataLoaderSpec<U>) {
+      using Dataset = typename decltype(data.dataset)::element_type;
+      using Source = detail::DatasetSource<Dataset>;
+      data::ShardSpec spec;
+      spec.dataset_size = Source::dataset_size(*data.dataset);
+      spec.batch_size = data.options.batch_size;
+      spec.world_size = static_cast<std::size_t>(num_processes());
+      spec.rank = static_cast<std::size_t>(process_index());
+      spec.shuffle = data.options.shuffle;
+      spec.drop_last = data.options.drop_last;
+      spec.even_batches = core_.options.even_batches;
+      // Drawing a seed consumes the global generator, so only a shuffling loader does it.
+      spec.seed = data.options.seed ? *data.options.seed : spec.shuffle ? shared_random_seed() : 0;
+      ACCELERATE_CHECK(spec.batch_size > 0, "prepare: DataLoaderOptions::batch_size must be > 0");
+      return register_loader(PreparedDataLoader<Source, Accelerator>(Source(data.dataset, spec), this));
+    } else if constexpr (MapDataset<U>) {
+      return prepare_data(DataLoader<U>(detail::hold(std::forward<D>(data))));
+    } else {
+      auto held = detail::hold(std::forward<D>(data));
+      using Range = typename decltype(held)::element_type;
+      using Source = detail::RangeSource<Range>;
+      return register_loader(PreparedDataLoader<Source, Accelerator>(
+          Source(held, static_cast<std::size_t>(num_processes()),
+                 static_cast<std::size_t>(process_index())),
+          this));
+    }
+  }
+
+  template <class Loader>
+  Loader register_loader(Loader loader) {
+    core_.checkpoint.push_back({detail::CheckpointEntry::Kind::dataloader,
+                                [loader] { return loader.state_dict(); },
+                                [loader](const StateDict& s) mutable { loader.load_state_dict(s); }});
+    return loader;
+  }
+
+  std::size_t count(detail::CheckpointEntry::Kind kind) const {
+    return static_cast<std::size_t>(std::count_if(core_.checkpoint.begin(), core_.checkpoint.end(),
+                                                  [&](const auto& e) { return e.kind == kind; }));
+  }
+
+  /// A seed drawn from torch's CPU generator on rank 0 and shared by all ranks.
+  std::uint64_t shared_random_seed() {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::uint64_t seed;
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      seed = generator.template get<at::CPUGeneratorImpl>()->random64();
+    }
+    if constexpr (distributed) {
+      at::Tensor value = at::tensor({static_cast<int64_t>(seed >> 1)}, at::kLong);
+      engine_.broadcast(value, 0);
+      seed = static_cast<std::uint64_t>(value.item<int64_t>());
+    } else {
+      seed >>= 1;  // the same range as the distributed path
+    }
+    return seed;
+  }
+
+  void advance_micro_step() {
+    auto& a = accum_;
+    const auto& pos = core_.batch;
+    const bool follow_loader = core_.options.sync_with_dataloader;
+    if (a.sync) {
+      // A new window: divide by its real length when the dataloader ends it early, so the
+      // gradient is the window's mean (Accelerate always divides by N).
+      const std::size_t remaining = follow_loader ? pos.remaining : 0;
+      a.divisor = static_cast<double>(remaining > 0 ? std::min(a.steps, remaining) : a.steps);
+    }
+    if (follow_loader && pos.at_last_batch) {
+      a.step = 0;
+      a.sync = true;
+    } else {
+      ++a.step;
+      a.sync = a.step % a.steps == 0;
+    }
+  }
+
+  void unscale_owners(const std::vector<at::Tensor>& params) {
+    if constexpr (precision_policy::uses_grad_scaler) {
+      for (auto& amp : precision_.optimizers) {
+        const bool owns = std::any_of(params.begin(), params.end(), [&](const at::Tensor& p) {
+          return std::any_of(amp->params.begin(), amp->params.end(),
+                             [&](const at::Tensor& q) { return q.is_same(p); });
+        });
+        if (owns) precision_.scaler.unscale_(amp->params, *amp);
+      }
+    } else {
+      (void)params;
+    }
+  }
+
+  at::Tensor gather_tensor(const at::Tensor& t) {
+    const at::Tensor local = t.dim() == 0 ? t.reshape({1}) : t.contiguous();
+    at::Tensor rows = at::tensor({local.size(0)}, at::kLong).to(local.device());
+    std::vector<at::Tensor> all_rows = engine_.all_gather(rows);
+    int64_t max_rows = 0;
+    std::vector<int64_t> counts;
+    for (const auto& r : all_rows) {
+      counts.push_back(r.item<int64_t>());
+      max_rows = std::max(max_rows, counts.back());
+    }
+    at::Tensor padded = local;
+    if (local.size(0) < max_rows) {
+      std::vector<int64_t> shape(local.sizes().begin(), local.sizes().end());
+      shape[0] = max_rows;
+      padded = at::zeros(shape, local.options());
+      padded.narrow(0, 0, local.size(0)).copy_(local);
+    }
+    std::vector<at::Tensor> parts = engine_.all_gather(padded);
+    for (std::size_t r = 0; r < parts.size(); ++r) parts[r] = parts[r].narrow(0, 0, counts[r]);
+    return at::cat(parts);
+  }
+
+  at::Tensor broadcast_tensor(const at::Tensor& t, int from) {
+    // Shape and dtype travel first, so receivers need not know them.
+    const bool sender = process_index() == from;
+    at::Tensor meta = at::zeros({10}, at::kLong);
+    if (sender) {
+      ACCELERATE_CHECK(t.dim() <= 8, "broadcast: tensors of more than 8 dimensions are not supported");
+      meta[0] = t.dim();
+      meta[1] = static_cast<int64_t>(t.scalar_type());
+      for (int64_t d = 0; d < t.dim(); ++d) meta[d + 2] = t.size(d);
+    }
+    meta = meta.to(core_.device);
+    engine_.broadcast(meta, from);
+    meta = meta.cpu();
+    const auto dims = meta[0].item<int64_t>();
+    std::vector<int64_t> shape;
+    for (int64_t d = 0; d < dims; ++d) shape.push_back(meta[d + 2].item<int64_t>());
+    const auto dtype = static_cast<at::ScalarType>(meta[1].item<int64_t>());
+    at::Tensor out = sender ? t.contiguous().clone()
+                            : at::empty(shape, at::TensorOptions().dtype(dtype).device(core_.device));
+    engine_.broadcast(out, from);
+    return out;
+  }
+
+  [[no_unique_address]] engine_type engine_;
+  detail::CoreState core_;
+  [[no_unique_address]] detail::AccumulationState<accumulation_policy> accum_;
+  [[no_unique_address]] detail::PrecisionState<precision_policy> precision_;
+  [[no_unique_address]] detail::ClipState<clip_policy> clip_;
+};
+
+}  // namespace accelerate

@@ -1,0 +1,106 @@
+// GradScaler: dynamic loss scaling for Fp16, with LibTorch's fused kernels
+// (_amp_foreach_non_finite_check_and_unscale_, _amp_update_scale_) on CPU and CUDA.
+#pragma once
+
+#include <map>
+#include <tuple>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include <accelerate/checkpoint/stateful.hpp>
+#include <accelerate/compat/torch.hpp>
+#include <accelerate/options.hpp>
+
+namespace accelerate {
+
+/// Per-optimizer scaler bookkeeping within one optimizer step: whether its gradients were
+/// already unscaled (unscale happens exactly once, before clipping) and what was found.
+struct OptimizerAmpState {
+  std::vector<at::Tensor> params;  // the optimizer's parameters, to unscale by ownership
+  bool unscaled = false;
+  bool skipped = false;            // the last step was skipped for an inf/NaN gradient
+  at::Tensor found_inf;            // float32 [1]: > 0 when a gradient had an inf or NaN
+};
+
+/// PyTorch's GradScaler semantics: scale(loss) multiplies by the scale; unscale_() divides the
+/// gradients and records inf/NaN; update() halves the scale after an overflow and doubles it
+/// after `growth_interval` clean steps.
+/// Example:
+///   accelerate::GradScaler scaler({.init_scale = 1024.0}, torch::kCPU);
+///   scaler.scale(loss).backward();
+class GradScaler {
+ public:
+  GradScaler(const GradScalerOptions& options, const c10::Device& device)
+      : options_(options),
+        scale_(at::full({1}, options.init_scale, at::TensorOptions().dtype(at::kFloat).device(device))),
+        growth_tracker_(at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(device))) {}
+
+  /// The loss multiplied by the current scale.
+  at::Tensor scale(const at::Tensor& loss) const { return loss * scale_.to(loss.device()); }
+
+  /// Divides the gradients of `params` by the scale, once per optimizer step, and records
+  /// whether any of them held an inf or NaN in `amp.found_inf`.
+  void unscale_(const std::vector<at::Tensor>& params, OptimizerAmpState& amp) const {
+    if (amp.unscaled) return;
+    amp.found_inf = at::zeros({1}, scale_.options());
+    const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+    // The fused kernel wants one device and one dtype per call.
+    std::map<std::tuple<int, int, int>, std::vector<at::Tensor>> groups;  // device, index, dtype
+    for (const auto& p : params) {
+      const at::Tensor& g = p.grad();
+      if (g.defined())
+        groups[{static_cast<int>(g.device().type()), g.device().index(),
+                static_cast<int>(g.scalar_type())}]
+            .push_back(g);
+    }
+    for (auto& [key, grads] : groups) {
+      const c10::Device device = grads.front().device();
+      at::Tensor found = at::zeros({1}, scale_.options().device(device));
+      compat::non_finite_check_and_unscale(grads, found, inv_scale.to(device));
+      amp.found_inf.add_(found.to(amp.found_inf.device()));
+    }
+    amp.unscaled = true;
+  }
+
+  /// Adjusts the scale after an optimizer step (skipped or not).
+  void update(const at::Tensor& found_inf) {
+    at::Tensor found = found_inf.defined() ? found_inf.to(scale_.device()).clamp_max(1)
+                                           : at::zeros({1}, scale_.options());
+    compat::update_scale(scale_, growth_tracker_, found, options_.growth_factor,
+                         options_.backoff_factor, options_.growth_interval);
+  }
+
+  /// The current scale.
+  double get_scale() const { return scale_.item<double>(); }
+  /// Clean steps since the last change of scale.
+  int64_t growth_tracker() const { return growth_tracker_.item<int64_t>(); }
+  const GradScalerOptions& options() const noexcept { return options_; }
+
+  StateDict state_dict() const {
+    StateDict s;
+    s.values = {{"scale", get_scale()},
+                {"growth_tracker", growth_tracker()},
+                {"growth_factor", options_.growth_factor},
+                {"backoff_factor", options_.backoff_factor},
+                {"growth_interval", options_.growth_interval}};
+    return s;
+  }
+
+  void load_state_dict(const StateDict& s) {
+    scale_.fill_(s.value<double>("scale"));
+    growth_tracker_.fill_(s.value<int64_t>("growth_tracker"));
+    options_.growth_factor = s.value<double>("growth_factor");
+    options_.backoff_factor = s.value<double>("backoff_factor");
+    options_.growth_interval = s.value<int64_t>("growth_interval");
+  }
+
+ private:
+  GradScalerOptions options_;
+  at::Tensor scale_;
+  at::Tensor growth_tracker_;
+};
+
+}  // namespace accelerate

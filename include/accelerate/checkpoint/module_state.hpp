@@ -1,0 +1,83 @@
+// A module's parameters and buffers by dotted name, and strict loading into a module with an
+// error that lists every missing key, unexpected key and shape or dtype mismatch.
+#pragma once
+
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/module.h>
+
+#include <accelerate/detail/check.hpp>
+
+namespace accelerate::checkpoint {
+
+/// Parameters then buffers, recursively, under their dotted names ("fc1.weight",
+/// "bn.running_mean"), detached from autograd. The order is the module's registration order.
+inline std::vector<std::pair<std::string, at::Tensor>> named_tensors(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : module.named_parameters(/*recurse=*/true))
+    out.emplace_back(item.key(), item.value().detach());
+  for (const auto& item : module.named_buffers(/*recurse=*/true))
+    out.emplace_back(item.key(), item.value().detach());
+  return out;
+}
+
+/// What loading a state into a module found.
+struct LoadReport {
+  std::vector<std::string> missing_keys;      // in the module, not in the state
+  std::vector<std::string> unexpected_keys;   // in the state, not in the module
+  std::vector<std::string> mismatches;        // same key, other shape or dtype
+  bool ok() const { return missing_keys.empty() && unexpected_keys.empty() && mismatches.empty(); }
+  std::string describe() const {
+    std::ostringstream out;
+    auto list = [&](const char* what, const std::vector<std::string>& keys) {
+      if (keys.empty()) return;
+      out << "\n  " << what << " (" << keys.size() << "):";
+      for (const auto& k : keys) out << " " << k;
+    };
+    list("missing keys", missing_keys);
+    list("unexpected keys", unexpected_keys);
+    list("shape/dtype mismatches", mismatches);
+    return out.str();
+  }
+};
+
+/// Copies `state` into the module's parameters and buffers by name (to their devices). Strict:
+/// any missing or unexpected key or mismatch is an error naming `source` and listing them all;
+/// non-strict: matching keys are loaded and mismatches of shape or dtype are still errors.
+inline LoadReport load_named_tensors(torch::nn::Module& module,
+                                     const std::map<std::string, at::Tensor>& state,
+                                     const std::string& source, bool strict = true) {
+  LoadReport report;
+  std::map<std::string, at::Tensor> targets;
+  for (auto& item : module.named_parameters(true)) targets.emplace(item.key(), item.value());
+  for (auto& item : module.named_buffers(true)) targets.emplace(item.key(), item.value());
+  for (const auto& [name, target] : targets) {
+    const auto it = state.find(name);
+    if (it == state.end()) {
+      report.missing_keys.push_back(name);
+    } else if (it->second.sizes() != target.sizes() ||
+               it->second.scalar_type() != target.scalar_type()) {
+      std::ostringstream m;
+      m << name << " (module " << target.scalar_type() << target.sizes() << ", file "
+        << it->second.scalar_type() << it->second.sizes() << ")";
+      report.mismatches.push_back(m.str());
+    }
+  }
+  for (const auto& [name, unused] : state)
+    if (!targets.count(name)) report.unexpected_keys.push_back(name);
+  const bool fatal = strict ? !report.ok() : !report.mismatches.empty();
+  ACCELERATE_CHECK(!fatal, "loading ", source, " into the model failed:", report.describe());
+  torch::NoGradGuard no_grad;
+  for (auto& [name, target] : targets) {
+    const auto it = state.find(name);
+    if (it != state.end()) target.copy_(it->second);
+  }
+  return report;
+}
+
+}  // namespace accelerate::checkpoint

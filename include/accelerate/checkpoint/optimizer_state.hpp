@@ -1,0 +1,243 @@
+// Optimizer state as a StateDict, without pickle: per-parameter tensors (momentum, Adam
+// moments) keyed "state.<i>.<name>", and step counts plus param-group hyperparameters in
+// JSON, for torch::optim's SGD, Adam, AdamW, RMSprop and Adagrad. Parameters are numbered
+// across param groups in order, as in PyTorch's optimizer.state_dict().
+#pragma once
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <accelerate/checkpoint/stateful.hpp>
+#include <accelerate/detail/check.hpp>
+
+namespace accelerate::checkpoint {
+
+namespace detail {
+
+// Field tables: each optimizer type's per-parameter tensors, per-parameter integers and
+// hyperparameters, so that saving and loading read the same list.
+template <class State>
+struct ParamStateFields;
+
+template <>
+struct ParamStateFields<torch::optim::SGDParamState> {
+  static constexpr const char* name = "SGD";
+  template <class F> static void tensors(torch::optim::SGDParamState& s, F&& f) {
+    f("momentum_buffer", [&]() -> const at::Tensor& { return s.momentum_buffer(); },
+      [&](const at::Tensor& t) { s.momentum_buffer(t); });
+  }
+  template <class F> static void integers(torch::optim::SGDParamState&, F&&) {}
+};
+
+template <class S>
+struct AdamLikeFields {
+  template <class F> static void tensors(S& s, F&& f) {
+    f("exp_avg", [&]() -> const at::Tensor& { return s.exp_avg(); }, [&](const at::Tensor& t) { s.exp_avg(t); });
+    f("exp_avg_sq", [&]() -> const at::Tensor& { return s.exp_avg_sq(); },
+      [&](const at::Tensor& t) { s.exp_avg_sq(t); });
+    f("max_exp_avg_sq", [&]() -> const at::Tensor& { return s.max_exp_avg_sq(); },
+      [&](const at::Tensor& t) { s.max_exp_avg_sq(t); });
+  }
+  template <class F> static void integers(S& s, F&& f) {
+    f("step", [&] { return s.step(); }, [&](int64_t v) { s.step(v); });
+  }
+};
+template <>
+struct ParamStateFields<torch::optim::AdamParamState> : AdamLikeFields<torch::optim::AdamParamState> {
+  static constexpr const char* name = "Adam";
+};
+template <>
+struct ParamStateFields<torch::optim::AdamWParamState> : AdamLikeFields<torch::optim::AdamWParamState> {
+  static constexpr const char* name = "AdamW";
+};
+
+template <>
+struct ParamStateFields<torch::optim::RMSpropParamState> {
+  static constexpr const char* name = "RMSprop";
+  using S = torch::optim::RMSpropParamState;
+  template <class F> static void tensors(S& s, F&& f) {
+    f("square_avg", [&]() -> const at::Tensor& { return s.square_avg(); },
+      [&](const at::Tensor& t) { s.square_avg(t); });
+    f("momentum_buffer", [&]() -> const at::Tensor& { return s.momentum_buffer(); },
+      [&](const at::Tensor& t) { s.momentum_buffer(t); });
+    f("grad_avg", [&]() -> const at::Tensor& { return s.grad_avg(); }, [&](const at::Tensor& t) { s.grad_avg(t); });
+  }
+  template <class F> static void integers(S& s, F&& f) {
+    f("step", [&] { return s.step(); }, [&](int64_t v) { s.step(v); });
+  }
+};
+
+template <>
+struct ParamStateFields<torch::optim::AdagradParamState> {
+  static constexpr const char* name = "Adagrad";
+  using S = torch::optim::AdagradParamState;
+  template <class F> static void tensors(S& s, F&& f) {
+    f("sum", [&]() -> const at::Tensor& { return s.sum(); }, [&](const at::Tensor& t) { s.sum(t); });
+  }
+  template <class F> static void integers(S& s, F&& f) {
+    f("step", [&] { return s.step(); }, [&](int64_t v) { s.step(v); });
+  }
+};
+
+/// Hyperparameters of one param group to JSON and back.
+inline nlohmann::json options_to_json(const torch::optim::OptimizerOptions& options) {
+  nlohmann::json j;
+  if (auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
+    j = {{"lr", o->lr()}, {"momentum", o->momentum()}, {"dampening", o->dampening()},
+         {"weight_decay", o->weight_decay()}, {"nesterov", o->nesterov()}};
+  } else if (auto* a = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
+    j = {{"lr", a->lr()}, {"betas", {std::get<0>(a->betas()), std::get<1>(a->betas())}},
+         {"eps", a->eps()}, {"weight_decay", a->weight_decay()}, {"amsgrad", a->amsgrad()}};
+  } else if (auto* w = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+    j = {{"lr", w->lr()}, {"betas", {std::get<0>(w->betas()), std::get<1>(w->betas())}},
+         {"eps", w->eps()}, {"weight_decay", w->weight_decay()}, {"amsgrad", w->amsgrad()}};
+  } else if (auto* r = dynamic_cast<const torch::optim::RMSpropOptions*>(&options)) {
+    j = {{"lr", r->lr()}, {"alpha", r->alpha()}, {"eps", r->eps()},
+         {"weight_decay", r->weight_decay()}, {"momentum", r->momentum()}, {"centered", r->centered()}};
+  } else if (auto* g = dynamic_cast<const torch::optim::AdagradOptions*>(&options)) {
+    j = {{"lr", g->lr()}, {"lr_decay", g->lr_decay()}, {"weight_decay", g->weight_decay()},
+         {"initial_accumulator_value", g->initial_accumulator_value()}, {"eps", g->eps()}};
+  } else {
+    j = {{"lr", options.get_lr()}};  // any other optimizer: at least its learning rate
+  }
+  return j;
+}
+
+inline void options_from_json(torch::optim::OptimizerOptions& options, const nlohmann::json& j) {
+  auto num = [&](const char* key) { return j.at(key).get<double>(); };
+  if (auto* o = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
+    o->lr(num("lr")).momentum(num("momentum")).dampening(num("dampening"))
+        .weight_decay(num("weight_decay")).nesterov(j.at("nesterov").get<bool>());
+  } else if (auto* a = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
+    a->lr(num("lr")).betas({j.at("betas").at(0).get<double>(), j.at("betas").at(1).get<double>()})
+        .eps(num("eps")).weight_decay(num("weight_decay")).amsgrad(j.at("amsgrad").get<bool>());
+  } else if (auto* w = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
+    w->lr(num("lr")).betas({j.at("betas").at(0).get<double>(), j.at("betas").at(1).get<double>()})
+        .eps(num("eps")).weight_decay(num("weight_decay")).amsgrad(j.at("amsgrad").get<bool>());
+  } else if (auto* r = dynamic_cast<torch::optim::RMSpropOptions*>(&options)) {
+    r->lr(num("lr")).alpha(num("alpha")).eps(num("eps")).weight_decay(num("weight_decay"))
+        .momentum(num("momentum")).centered(j.at("centered").get<bool>());
+  } else if (auto* g = dynamic_cast<torch::optim::AdagradOptions*>(&options)) {
+    g->lr(num("lr")).lr_decay(num("lr_decay")).weight_decay(num("weight_decay"))
+        .initial_accumulator_value(num("initial_accumulator_value")).eps(num("eps"));
+  } else {
+    options.set_lr(num("lr"));
+  }
+}
+
+/// Calls `fn.template operator()<State>()` with the param-state type this optimizer uses.
+template <class Fn>
+void with_state_type(const torch::optim::Optimizer& optimizer, Fn&& fn) {
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return fn.template operator()<torch::optim::SGDParamState>();
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return fn.template operator()<torch::optim::AdamParamState>();
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return fn.template operator()<torch::optim::AdamWParamState>();
+  if (dynamic_cast<const torch::optim::RMSprop*>(&optimizer)) return fn.template operator()<torch::optim::RMSpropParamState>();
+  if (dynamic_cast<const torch::optim::Adagrad*>(&optimizer)) return fn.template operator()<torch::optim::AdagradParamState>();
+  accelerate::detail::fail("optimizer state: only torch::optim SGD, Adam, AdamW, RMSprop and Adagrad "
+                           "have a built-in checkpoint encoding; give your optimizer state_dict() and "
+                           "load_state_dict(const accelerate::StateDict&) members");
+}
+
+inline std::vector<at::Tensor> all_params(const torch::optim::Optimizer& optimizer) {
+  std::vector<at::Tensor> params;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) params.push_back(p);
+  return params;
+}
+
+}  // namespace detail
+
+/// The optimizer's state: `values` = {"type", "param_groups": [{hyperparameters, "params":
+/// [indices]}], "state": {"<i>": {"step": n}}}, `tensors` = {"state.<i>.<name>": tensor}.
+inline StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
+  StateDict out;
+  detail::with_state_type(optimizer, [&]<class State>() {
+    using Fields = detail::ParamStateFields<State>;
+    out.values["type"] = Fields::name;
+    nlohmann::json groups = nlohmann::json::array();
+    nlohmann::json states = nlohmann::json::object();
+    std::size_t index = 0;
+    for (auto& group : optimizer.param_groups()) {
+      nlohmann::json g = detail::options_to_json(group.options());
+      nlohmann::json indices = nlohmann::json::array();
+      for (auto& p : group.params()) {
+        const std::string key = std::to_string(index);
+        indices.push_back(index++);
+        auto it = optimizer.state().find(p.unsafeGetTensorImpl());
+        if (it == optimizer.state().end()) continue;
+        auto* state = dynamic_cast<State*>(it->second.get());
+        ACCELERATE_CHECK(state != nullptr, "optimizer state: parameter ", key,
+                         " has a state of an unexpected type for ", Fields::name);
+        nlohmann::json scalar = nlohmann::json::object();
+        Fields::integers(*state, [&](const char* name, auto get, auto) { scalar[name] = get(); });
+        states[key] = scalar;
+        Fields::tensors(*state, [&](const char* name, auto get, auto) {
+          if (get().defined()) out.tensors["state." + key + "." + name] = get().detach();
+        });
+      }
+      g["params"] = indices;
+      groups.push_back(g);
+    }
+    out.values["param_groups"] = groups;
+    out.values["state"] = states;
+  });
+  return out;
+}
+
+/// Restores what optimizer_state_dict() produced into an optimizer built over the same
+/// parameters in the same order. Tensors are copied to each parameter's device.
+inline void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& saved) {
+  detail::with_state_type(optimizer, [&]<class State>() {
+    using Fields = detail::ParamStateFields<State>;
+    const auto type = saved.value<std::string>("type");
+    ACCELERATE_CHECK(type == Fields::name, "optimizer state: saved by a ", type,
+                     " optimizer, loading into a ", Fields::name);
+    const auto& groups = saved.values.at("param_groups");
+    ACCELERATE_CHECK(groups.size() == optimizer.param_groups().size(), "optimizer state: ",
+                     groups.size(), " param groups saved, the optimizer has ",
+                     optimizer.param_groups().size());
+    std::size_t index = 0;
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      auto& group = optimizer.param_groups()[gi];
+      ACCELERATE_CHECK(groups[gi].at("params").size() == group.params().size(),
+                       "optimizer state: param group ", gi, " saved with ",
+                       groups[gi].at("params").size(), " parameters, the optimizer has ",
+                       group.params().size());
+      detail::options_from_json(group.options(), groups[gi]);
+      for (auto& p : group.params()) {
+        const std::string key = std::to_string(index++);
+        const auto& states = saved.values.at("state");
+        if (!states.contains(key)) {
+          optimizer.state().erase(p.unsafeGetTensorImpl());
+          continue;
+        }
+        auto state = std::make_unique<State>();
+        Fields::integers(*state, [&](const char* name, auto, auto set) {
+          set(states.at(key).at(name).template get<int64_t>());
+        });
+        Fields::tensors(*state, [&](const char* name, auto, auto set) {
+          const auto it = saved.tensors.find("state." + key + "." + name);
+          if (it == saved.tensors.end()) return;
+          ACCELERATE_CHECK(it->second.sizes() == p.sizes(), "optimizer state: state.", key, ".",
+                           name, " has shape ", it->second.sizes(), " but parameter ", key,
+                           " has shape ", p.sizes());
+          set(it->second.to(p.device(), it->second.scalar_type(), /*non_blocking=*/false,
+                            /*copy=*/true));
+        });
+        optimizer.state()[p.unsafeGetTensorImpl()] = std::move(state);
+      }
+    }
+  });
+}
+
+}  // namespace accelerate::checkpoint

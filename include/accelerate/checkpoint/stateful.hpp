@@ -1,0 +1,71 @@
+// StateDict and the Stateful concept: how any object's training state reaches save_state.
+//
+// Customization points (the first that applies wins):
+//   1. members `StateDict state_dict() const` and `void load_state_dict(const StateDict&)`;
+//   2. a Boost.Hana adapted struct (see <accelerate/checkpoint/reflect.hpp>).
+#pragma once
+
+#include <concepts>
+#include <map>
+#include <string>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+namespace accelerate {
+
+/// One object's state as it is written: tensors go to a safetensors file under their keys, and
+/// every other value to a JSON document. Nothing is pickled, so loading runs no code.
+/// Example:
+///   accelerate::StateDict s;
+///   s.tensors["ema"] = ema;  s.values["step"] = 12;
+struct StateDict {
+  std::map<std::string, at::Tensor> tensors;
+  nlohmann::json values = nlohmann::json::object();
+
+  /// The value under `key`, or an error naming the key and what was there.
+  template <class T>
+  T value(const std::string& key) const;
+
+  /// The tensor under `key`, or an error naming the key.
+  const at::Tensor& tensor(const std::string& key) const;
+};
+
+/// How save_state reaches a type that is not Stateful: specialize with static
+/// `StateDict save(const T&)` and `void load(T&, const StateDict&)`.
+/// <accelerate/checkpoint/reflect.hpp> does so for every Boost.Hana adapted struct.
+template <class T, class Enable = void>
+struct checkpoint_adapter {};
+
+/// An object that saves and restores itself through a StateDict.
+template <class T>
+concept Stateful = requires(T& object, const T& const_object, const StateDict& state) {
+  { const_object.state_dict() } -> std::same_as<StateDict>;
+  object.load_state_dict(state);
+};
+
+}  // namespace accelerate
+
+#include <accelerate/detail/check.hpp>
+
+namespace accelerate {
+
+template <class T>
+T StateDict::value(const std::string& key) const {
+  const auto it = values.find(key);
+  ACCELERATE_CHECK(it != values.end(), "state: value '", key, "' is missing");
+  try {
+    return it->template get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    detail::fail("state: value '", key, "' has the wrong type (", it->type_name(), "): ", e.what());
+  }
+}
+
+inline const at::Tensor& StateDict::tensor(const std::string& key) const {
+  const auto it = tensors.find(key);
+  ACCELERATE_CHECK(it != tensors.end(), "state: tensor '", key, "' is missing");
+  return it->second;
+}
+
+}  // namespace accelerate

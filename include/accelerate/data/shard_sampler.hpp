@@ -1,0 +1,107 @@
+// ShardSampler: which dataset indices each rank reads in each epoch — a seeded per-epoch
+// shuffle shared by all ranks, batches dealt round-robin, and Accelerate's even_batches /
+// drop_last tail rules.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <accelerate/detail/check.hpp>
+
+namespace accelerate::data {
+
+/// What to shard and how. `seed` and the epoch fix the shuffle, so every rank computes the same
+/// permutation without communicating (Accelerate's `use_seedable_sampler`: seed + epoch).
+struct ShardSpec {
+  std::size_t dataset_size = 0;
+  std::size_t batch_size = 1;
+  std::size_t world_size = 1;
+  std::size_t rank = 0;
+  bool shuffle = false;
+  bool drop_last = false;
+  bool even_batches = true;
+  std::uint64_t seed = 0;
+};
+
+/// Deals an epoch's batches to ranks: global batch g goes to rank g % world_size, so rank r's
+/// k-th batch is global batch k*world_size + r. With one process that is plain batching.
+///   - drop_last: only complete rounds of full batches are kept.
+///   - even_batches (world > 1): the tail is completed by wrapping around to the start of the
+///     epoch's order, so every rank gets the same number of full batches; remainder() tells
+///     gather_for_metrics how many samples of the last round are real.
+///   - neither: ranks may get different counts and a short last batch.
+/// Example:
+///   accelerate::data::ShardSampler s({.dataset_size = 10, .batch_size = 4, .world_size = 2, .rank = 1});
+///   s.batches_per_rank();  // 2: positions 4..7, then 12..15 wrapped to 2..5 of the order
+class ShardSampler {
+ public:
+  explicit ShardSampler(const ShardSpec& spec) : spec_(spec) {
+    ACCELERATE_CHECK(spec.batch_size > 0, "ShardSampler: batch_size must be > 0");
+    ACCELERATE_CHECK(spec.world_size > 0 && spec.rank < spec.world_size,
+                     "ShardSampler: rank ", spec.rank, " is outside world_size ", spec.world_size);
+  }
+
+  const ShardSpec& spec() const noexcept { return spec_; }
+  /// Changes the shuffle seed (restoring a saved position).
+  void set_seed(std::uint64_t seed) noexcept { spec_.seed = seed; }
+
+  /// Number of batches this rank reads per epoch.
+  std::size_t batches_per_rank() const noexcept { return batches_for(spec_.rank); }
+
+  /// Number of batches rank `rank` reads per epoch.
+  std::size_t batches_for(std::size_t rank) const noexcept {
+    const std::size_t n = spec_.dataset_size, b = spec_.batch_size, w = spec_.world_size;
+    if (n == 0) return 0;
+    const std::size_t full = n / b;
+    if (spec_.drop_last) return full / w;
+    const std::size_t total = full + (n % b != 0 ? 1 : 0);
+    if (w == 1) return total;
+    if (spec_.even_batches) return (n + w * b - 1) / (w * b);
+    return total / w + (rank < total % w ? 1 : 0);
+  }
+
+  /// Samples of the last round that are real rather than wrapped-around padding, or 0 when the
+  /// last round is all real (gather_for_metrics truncates to this on the last batch).
+  std::size_t remainder() const noexcept {
+    if (spec_.world_size == 1 || spec_.drop_last || !spec_.even_batches) return 0;
+    return spec_.dataset_size % (spec_.world_size * spec_.batch_size);
+  }
+
+  /// The epoch's order of dataset indices: a permutation from a generator seeded with
+  /// seed + epoch when shuffling, else 0..n-1.
+  std::vector<int64_t> order(std::size_t epoch) const {
+    const auto n = static_cast<int64_t>(spec_.dataset_size);
+    std::vector<int64_t> out(static_cast<std::size_t>(n));
+    if (!spec_.shuffle) {
+      for (int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = i;
+      return out;
+    }
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(spec_.seed + epoch);
+    const at::Tensor perm = at::randperm(n, generator, at::TensorOptions().dtype(at::kLong));
+    std::copy_n(perm.data_ptr<int64_t>(), n, out.begin());
+    return out;
+  }
+
+  /// Dataset indices of this rank's k-th batch, given the epoch's order.
+  std::vector<int64_t> batch(const std::vector<int64_t>& order, std::size_t k) const {
+    const std::size_t n = order.size(), b = spec_.batch_size;
+    const std::size_t global = k * spec_.world_size + spec_.rank;
+    const std::size_t begin = global * b;
+    const bool wrap = spec_.world_size > 1 && spec_.even_batches && !spec_.drop_last;
+    const std::size_t end = wrap ? begin + b : std::min(begin + b, n);
+    std::vector<int64_t> out;
+    out.reserve(end > begin ? end - begin : 0);
+    for (std::size_t p = begin; p < end; ++p) out.push_back(order[p < n ? p : (p - n) % n]);
+    return out;
+  }
+
+ private:
+  ShardSpec spec_;
+};
+
+}  // namespace accelerate::data

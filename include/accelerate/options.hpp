@@ -1,0 +1,107 @@
+// AcceleratorOptions: every run-time knob in one aggregate, written with designated
+// initializers and validated once, in the Accelerator's constructor.
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <accelerate/checkpoint/project.hpp>
+#include <accelerate/detail/check.hpp>
+
+namespace accelerate {
+
+/// Dynamic loss scaling for Fp16 (PyTorch's GradScaler defaults).
+/// Example:
+///   accelerate::GradScalerOptions{.init_scale = 1024.0, .growth_interval = 100}
+struct GradScalerOptions {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  std::int64_t growth_interval = 2000;
+};
+
+/// Run-time options of an Accelerator. The compile-time choices are its policy types.
+/// Example:
+///   Acc acc{{.seed = 42, .max_norm = 1.0, .project = {.project_dir = "runs/a"}}};
+struct AcceleratorOptions {
+  // --- device and seeding ---
+  /// Run on the CPU even when a CUDA device is visible (SingleProcess only).
+  bool cpu = false;
+  /// When set, set_seed(seed) runs in the constructor: torch's CPU and CUDA generators.
+  std::optional<std::uint64_t> seed;
+
+  // --- gradient accumulation ---
+  /// Micro-steps per optimizer step for AccumulateDynamic. For Accumulate<N> it may be left 0
+  /// or must equal N (a mismatch is an error rather than a silent override).
+  std::size_t gradient_accumulation_steps = 0;
+  /// Force a sync (and an optimizer step) on the last batch of a prepared dataloader.
+  bool sync_with_dataloader = true;
+  /// Step prepared schedulers only when the optimizer really stepped (num_processes times, as
+  /// Accelerate does); false steps them on every call.
+  bool step_scheduler_with_optimizer = true;
+
+  // --- clipping (ClipNorm / ClipValue policies) ---
+  double max_norm = 1.0;
+  double clip_value = 1.0;
+
+  // --- mixed precision ---
+  GradScalerOptions grad_scaler{};
+  /// Return the prepared model's floating outputs as fp32 under Bf16/Fp16 (Accelerate's
+  /// convert_to_fp32).
+  bool convert_outputs_to_fp32 = true;
+
+  // --- distributed ---
+  /// Rendezvous and collective timeout: nothing waits longer than this for a peer.
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  /// Gradient bucket size cap. 4 MiB was the fastest measured on 2-core CPU hosts
+  /// (bench/README.md); DDP's 25 MB gives one bucket and no overlap on small models.
+  std::size_t bucket_cap_bytes = std::size_t{4} << 20;
+  /// Cap of the first bucket (the last layers' gradients), smaller so communication starts early.
+  std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
+  /// Broadcast buffers (as well as parameters) from rank 0 at prepare().
+  bool broadcast_buffers = true;
+  /// Tolerate parameters that get no gradient in a backward pass (DDP's option of that name).
+  bool find_unused_parameters = false;
+  /// Pad the last batches by wrapping so every rank gets as many full batches (Accelerate's
+  /// even_batches).
+  bool even_batches = true;
+
+  // --- checkpoints ---
+  ProjectConfiguration project{};
+};
+
+namespace detail {
+
+/// Checks the options once; errors name the field and the bad value.
+inline void validate(const AcceleratorOptions& o) {
+  ACCELERATE_CHECK(std::isfinite(o.max_norm) && o.max_norm > 0,
+                   "AcceleratorOptions::max_norm must be a positive number, got ", o.max_norm);
+  ACCELERATE_CHECK(std::isfinite(o.clip_value) && o.clip_value > 0,
+                   "AcceleratorOptions::clip_value must be a positive number, got ", o.clip_value);
+  ACCELERATE_CHECK(o.timeout.count() > 0, "AcceleratorOptions::timeout must be positive, got ",
+                   o.timeout.count(), " ms");
+  ACCELERATE_CHECK(o.bucket_cap_bytes > 0 && o.first_bucket_cap_bytes > 0,
+                   "AcceleratorOptions::bucket_cap_bytes and first_bucket_cap_bytes must be > 0");
+  const auto& s = o.grad_scaler;
+  ACCELERATE_CHECK(s.init_scale > 0 && std::isfinite(s.init_scale),
+                   "AcceleratorOptions::grad_scaler.init_scale must be positive, got ", s.init_scale);
+  ACCELERATE_CHECK(s.growth_factor > 1.0, "AcceleratorOptions::grad_scaler.growth_factor must be > 1, got ",
+                   s.growth_factor);
+  ACCELERATE_CHECK(s.backoff_factor > 0.0 && s.backoff_factor < 1.0,
+                   "AcceleratorOptions::grad_scaler.backoff_factor must be in (0, 1), got ",
+                   s.backoff_factor);
+  ACCELERATE_CHECK(s.growth_interval > 0,
+                   "AcceleratorOptions::grad_scaler.growth_interval must be > 0, got ",
+                   s.growth_interval);
+  ACCELERATE_CHECK(!o.project.automatic_checkpoint_naming || !o.project.project_dir.empty(),
+                   "AcceleratorOptions::project.automatic_checkpoint_naming needs project.project_dir");
+  ACCELERATE_CHECK(!o.project.total_limit || *o.project.total_limit > 0,
+                   "AcceleratorOptions::project.total_limit must be > 0 when set");
+}
+
+}  // namespace detail
+}  // namespace accelerate

@@ -1,0 +1,46 @@
+// The Accumulation slot: concept AccumulationPolicy and NoAccumulation, Accumulate<N> and
+// AccumulateDynamic (N chosen at run time).
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <type_traits>
+
+namespace accelerate {
+
+/// An Accumulation policy is an empty tag with compile-time facts:
+///   - `steps`: micro-steps per optimizer step when known at compile time (0 when dynamic);
+///   - `dynamic`: whether the count comes from AcceleratorOptions::gradient_accumulation_steps.
+template <class A>
+concept AccumulationPolicy = std::is_empty_v<A> && requires {
+  { A::steps } -> std::convertible_to<std::size_t>;
+  { A::dynamic } -> std::convertible_to<bool>;
+};
+
+/// Every micro-step is an optimizer step: no counter, and the accumulate scope is empty.
+struct NoAccumulation {
+  static constexpr std::size_t steps = 1;
+  static constexpr bool dynamic = false;
+};
+
+/// N micro-steps per optimizer step, N fixed at compile time. Accumulate<1> is NoAccumulation.
+/// Example:
+///   accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::Accumulate<4>> acc;
+template <std::size_t N>
+struct Accumulate {
+  static_assert(N >= 1, "accelerate::Accumulate<N>: N must be at least 1");
+  static constexpr std::size_t steps = N;
+  static constexpr bool dynamic = false;
+};
+
+/// N micro-steps per optimizer step, N = AcceleratorOptions::gradient_accumulation_steps.
+struct AccumulateDynamic {
+  static constexpr std::size_t steps = 0;
+  static constexpr bool dynamic = true;
+};
+
+/// Whether a policy ever skips synchronisation (false for NoAccumulation and Accumulate<1>).
+template <AccumulationPolicy A>
+inline constexpr bool accumulates = A::dynamic || A::steps > 1;
+
+}  // namespace accelerate

@@ -1,0 +1,85 @@
+// PreparedModel: the user's module on the accelerator's device, called like the module, with
+// the precision policy's autocast around forward and, when distributed, its gradient reducer.
+#pragma once
+
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+#include <ATen/ATen.h>
+
+#include <accelerate/data/batch.hpp>
+#include <accelerate/prepared/preparable.hpp>
+#include <accelerate/scope/autocast.hpp>
+
+namespace accelerate {
+
+/// What prepare() returns for a module. `Holder` is the type the user passed (a TORCH_MODULE
+/// holder or a std::shared_ptr<Impl>); `Acc` the accelerator.
+///   - Fp32 with one process: holds only the module; operator() is a direct forward call.
+///   - Bf16/Fp16: forward runs under autocast and floating outputs come back as fp32
+///     (AcceleratorOptions::convert_outputs_to_fp32).
+///   - Distributed: also holds the model's gradient reducer (see distributed/reducer.hpp).
+/// Example:
+///   auto [model] = acc.prepare(Net());
+///   auto out = model(x);          // Net's forward
+///   model->train();               // the module's own API
+///   Net& net = model.unwrap();    // the user's holder
+template <class Holder, class Acc>
+class PreparedModel {
+  using Impl = typename detail::module_impl<Holder>::type;
+  using Precision = typename Acc::precision_policy;
+  using ModelSync = typename Acc::engine_type::ModelSync;
+  static constexpr bool needs_accelerator = Precision::autocast;
+
+  struct NoAccelerator {
+    NoAccelerator(const Acc*) noexcept {}
+  };
+  using AccRef = std::conditional_t<needs_accelerator, const Acc*, NoAccelerator>;
+
+ public:
+  PreparedModel(Holder module, const Acc* accelerator, ModelSync sync)
+      : module_(std::move(module)), acc_(accelerator), sync_(std::move(sync)) {}
+
+  /// Calls the module's forward with the policy's autocast.
+  template <class... Args>
+  decltype(auto) operator()(Args&&... args) {
+    if constexpr (!Precision::autocast) {
+      return impl().forward(std::forward<Args>(args)...);
+    } else {
+      auto output = [&] {
+        AutocastScope<Precision> scope(acc_->device().type());
+        return impl().forward(std::forward<Args>(args)...);
+      }();
+      if constexpr (data::is_nested_v<decltype(output)>) {
+        if (acc_->options().convert_outputs_to_fp32) {
+          return data::map_tensors(output, [](const at::Tensor& t) {
+            const bool half = t.defined() && (t.scalar_type() == at::kHalf ||
+                                              t.scalar_type() == at::kBFloat16);
+            return half ? t.to(at::kFloat) : t;
+          });
+        }
+      }
+      return output;
+    }
+  }
+
+  /// The module itself, for its own API (`model->parameters()`, `model->eval()`).
+  Impl* operator->() const noexcept { return detail::impl_pointer(module_); }
+  Impl& operator*() const noexcept { return *detail::impl_pointer(module_); }
+  Impl& impl() const noexcept { return *detail::impl_pointer(module_); }
+
+  /// The user's module holder, as passed to prepare() (Accelerate's unwrap_model).
+  Holder& unwrap() noexcept { return module_; }
+  const Holder& unwrap() const noexcept { return module_; }
+
+  /// The model's gradient synchronisation (empty with one process).
+  ModelSync& model_sync() noexcept { return sync_; }
+
+ private:
+  Holder module_;
+  [[no_unique_address]] AccRef acc_;
+  [[no_unique_address]] ModelSync sync_;
+};
+
+}  // namespace accelerate

@@ -1,0 +1,83 @@
+// The scopes returned by Accelerator::accumulate() and no_sync(): empty types when there is
+// nothing to skip, otherwise RAII switches of the models' gradient synchronisation.
+#pragma once
+
+#include <array>
+#include <cstddef>
+
+namespace accelerate {
+
+/// accumulate() without accumulation: every micro-step synchronises, known at compile time.
+/// Example:
+///   auto step = acc.accumulate(model);
+///   static_assert(decltype(step)::sync_gradients());
+struct [[maybe_unused]] AlwaysSyncScope {
+  static constexpr bool sync_gradients() noexcept { return true; }
+};
+
+/// accumulate() with accumulation: whether this micro-step is a boundary, and (distributed) the
+/// models whose gradient sync was switched off for it, switched back on when the scope ends.
+template <class ModelSync, std::size_t N>
+class [[maybe_unused]] AccumulateScope {
+ public:
+  AccumulateScope(bool sync_gradients, std::array<ModelSync*, N> models) noexcept
+      : sync_gradients_(sync_gradients), models_(models) {
+    if (!sync_gradients_)
+      for (auto* m : models_) m->set_sync(false);
+  }
+  ~AccumulateScope() {
+    if (!sync_gradients_)
+      for (auto* m : models_) m->set_sync(true);
+  }
+  AccumulateScope(const AccumulateScope&) = delete;
+  AccumulateScope& operator=(const AccumulateScope&) = delete;
+
+  /// True on the micro-step that completes an accumulation window.
+  bool sync_gradients() const noexcept { return sync_gradients_; }
+
+ private:
+  bool sync_gradients_;
+  std::array<ModelSync*, N> models_;
+};
+
+/// The same, when there is nothing to switch (one process): only the boundary flag.
+template <class ModelSync>
+class [[maybe_unused]] AccumulateScope<ModelSync, 0> {
+ public:
+  AccumulateScope(bool sync_gradients, std::array<ModelSync*, 0>) noexcept
+      : sync_gradients_(sync_gradients) {}
+  bool sync_gradients() const noexcept { return sync_gradients_; }
+
+ private:
+  bool sync_gradients_;
+};
+
+/// no_sync(): gradients of the given models are not communicated until the scope ends (they
+/// accumulate locally, as DDP's no_sync). Empty with one process.
+template <class ModelSync, std::size_t N>
+class [[maybe_unused]] NoSyncScope {
+ public:
+  explicit NoSyncScope(std::array<ModelSync*, N> models) noexcept : models_(models) {
+    for (std::size_t i = 0; i < N; ++i) {
+      previous_[i] = models_[i]->sync_enabled();
+      models_[i]->set_sync(false);
+    }
+  }
+  ~NoSyncScope() {
+    for (std::size_t i = 0; i < N; ++i) models_[i]->set_sync(previous_[i]);
+  }
+  NoSyncScope(const NoSyncScope&) = delete;
+  NoSyncScope& operator=(const NoSyncScope&) = delete;
+
+ private:
+  std::array<ModelSync*, N> models_;
+  std::array<bool, N> previous_{};
+};
+
+template <class ModelSync>
+class [[maybe_unused]] NoSyncScope<ModelSync, 0> {
+ public:
+  explicit constexpr NoSyncScope(std::array<ModelSync*, 0>) noexcept {}
+};
+
+}  // namespace accelerate

@@ -1,0 +1,189 @@
+// Tests of include/accelerate/accelerator.hpp: accessors, prepare() dispatch and order, device
+// placement, and the single-process loop against a hand-written LibTorch loop.
+#include <accelerate/accelerate.hpp>
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "../support/models.hpp"
+
+namespace {
+
+using accelerate::testing::TinyNet;
+using accelerate::testing::flat_parameters;
+using accelerate::testing::regression_data;
+
+TEST(Accelerator, DefaultIsOneCpuProcess) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  EXPECT_EQ(acc.device(), torch::Device(torch::kCPU));
+  EXPECT_EQ(acc.process_index(), 0);
+  EXPECT_EQ(acc.local_process_index(), 0);
+  EXPECT_EQ(acc.num_processes(), 1);
+  EXPECT_TRUE(acc.is_main_process());
+  EXPECT_TRUE(acc.is_local_main_process());
+  EXPECT_EQ(acc.distributed_type(), "NO");
+  EXPECT_EQ(acc.mixed_precision(), "no");
+  EXPECT_EQ(acc.gradient_accumulation_steps(), 1u);
+  acc.wait_for_everyone();  // a no-op with one process
+  EXPECT_EQ(acc.stats(), accelerate::CommStats{});
+}
+
+TEST(Accelerator, PrintWritesSpaceSeparatedOnMain) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  std::ostringstream captured;
+  auto* old = std::cout.rdbuf(captured.rdbuf());
+  acc.print("loss", 1.5, 3);
+  std::cout.rdbuf(old);
+  EXPECT_EQ(captured.str(), "loss 1.5 3\n");
+}
+
+TEST(Accelerator, InvalidOptionsNameTheField) {
+  using Acc = accelerate::Accelerator<>;
+  auto message = [](accelerate::AcceleratorOptions o) {
+    try {
+      Acc acc{o};
+    } catch (const accelerate::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({.max_norm = -1.0}).find("AcceleratorOptions::max_norm"), std::string::npos);
+  EXPECT_NE(message({.grad_scaler = {.backoff_factor = 2.0}}).find("grad_scaler.backoff_factor"),
+            std::string::npos);
+  EXPECT_NE(message({.gradient_accumulation_steps = 4}).find("gradient_accumulation_steps is 4"),
+            std::string::npos);
+  EXPECT_NE(message({.project = {.automatic_checkpoint_naming = true}}).find("project_dir"),
+            std::string::npos);
+}
+
+TEST(Accelerator, PrepareReturnsTypedWrappersInOrder) {
+  using Acc = accelerate::Accelerator<>;
+  Acc acc{{.cpu = true}};
+  TinyNet net;
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  torch::optim::StepLR lr(sgd, 2, 0.5);
+  auto data = accelerate::DataLoader(regression_data(32), {.batch_size = 8});
+  auto [loader, model, opt, sched] = acc.prepare(data, net, sgd, lr);
+
+  static_assert(std::is_same_v<decltype(model), accelerate::PreparedModel<TinyNet, Acc>>);
+  static_assert(std::is_same_v<decltype(opt), accelerate::PreparedOptimizer<torch::optim::SGD, Acc>>);
+  static_assert(std::is_same_v<decltype(sched), accelerate::PreparedScheduler<torch::optim::StepLR, Acc>>);
+  using Loader = std::remove_cvref_t<decltype(loader)>;
+  static_assert(std::is_same_v<Loader::batch_type, torch::data::Example<torch::Tensor, torch::Tensor>>);
+
+  // Lvalues are referred to, not copied.
+  EXPECT_EQ(&opt.unwrap(), &sgd);
+  EXPECT_EQ(&sched.unwrap(), &lr);
+  EXPECT_EQ(model.unwrap().get(), net.get());
+  EXPECT_EQ(acc.unwrap_model(model).get(), net.get());
+  EXPECT_EQ(loader.size(), 4u);
+
+  // The checkpoint registry follows argument order.
+  using Kind = accelerate::detail::CheckpointEntry::Kind;
+  ASSERT_EQ(acc.checkpoint_entries().size(), 4u);
+  EXPECT_EQ(acc.checkpoint_entries()[0].kind, Kind::dataloader);
+  EXPECT_EQ(acc.checkpoint_entries()[1].kind, Kind::model);
+  EXPECT_EQ(acc.checkpoint_entries()[2].kind, Kind::optimizer);
+  EXPECT_EQ(acc.checkpoint_entries()[3].kind, Kind::scheduler);
+}
+
+TEST(Accelerator, PrepareTakesOwnershipOfRvaluesAndSmartPointers) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  auto net = std::make_shared<accelerate::testing::TinyNetImpl>();
+  auto [model, opt, loader] =
+      acc.prepare(net, std::make_unique<torch::optim::Adam>(net->parameters()),
+                  std::vector<torch::Tensor>{torch::ones({2, 8}), torch::zeros({2, 8})});
+  EXPECT_EQ(model.unwrap().get(), net.get());
+  opt.zero_grad();
+  model(torch::ones({2, 8})).sum().backward();
+  opt.step();
+  EXPECT_EQ(opt->state().size(), net->parameters().size());
+  int batches = 0;
+  for (auto& batch : loader) {
+    EXPECT_EQ(batch.sizes(), torch::IntArrayRef({2, 8}));
+    ++batches;
+  }
+  EXPECT_EQ(batches, 2);
+}
+
+TEST(Accelerator, ModelAndBatchesAreOnTheDevice) {
+  accelerate::Accelerator<> acc;  // CUDA when visible, else CPU
+  TinyNet net;
+  auto [model, loader] = acc.prepare(net, accelerate::DataLoader(regression_data(10), {.batch_size = 4}));
+  for (const auto& p : model->parameters()) EXPECT_EQ(p.device(), acc.device());
+  std::vector<int64_t> rows;
+  for (auto& [x, y] : loader) {
+    EXPECT_EQ(x.device(), acc.device());
+    EXPECT_EQ(y.device(), acc.device());
+    rows.push_back(x.size(0));
+  }
+  EXPECT_EQ(rows, (std::vector<int64_t>{4, 4, 2}));  // one process: a short last batch
+}
+
+// The acceptance test of the policy core: 20 steps through Accelerator<> equal, bit for bit,
+// the same loop written by hand in LibTorch.
+TEST(Accelerator, SingleProcessLoopEqualsHandWrittenLoopBitForBit) {
+  const auto dataset = regression_data(20 * 16);
+  auto train_by_hand = [&] {
+    torch::manual_seed(7);
+    TinyNet net;
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    torch::optim::StepLR lr(opt, 5, 0.5);
+    for (int64_t step = 0; step < 20; ++step) {
+      auto x = dataset.inputs().narrow(0, step * 16, 16);
+      auto y = dataset.targets().narrow(0, step * 16, 16);
+      opt.zero_grad();
+      torch::mse_loss(net(x), y).backward();
+      opt.step();
+      lr.step();
+    }
+    return flat_parameters(*net);
+  };
+  auto train_with_accelerator = [&] {
+    accelerate::Accelerator<> acc{{.cpu = true, .seed = 7}};
+    TinyNet net;
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    torch::optim::StepLR lr(sgd, 5, 0.5);
+    auto [model, opt, sched, loader] =
+        acc.prepare(net, sgd, lr, accelerate::DataLoader(dataset, {.batch_size = 16}));
+    int steps = 0;
+    for (auto& [x, y] : loader) {
+      auto step = acc.accumulate(model);
+      opt.zero_grad();
+      acc.backward(torch::mse_loss(model(x), y));
+      opt.step();
+      sched.step();
+      ++steps;
+    }
+    EXPECT_EQ(steps, 20);
+    return flat_parameters(*net);
+  };
+  const auto expected = train_by_hand();
+  const auto actual = train_with_accelerator();
+  EXPECT_TRUE(torch::equal(expected, actual)) << (expected - actual).abs().max();
+}
+
+TEST(Accelerator, SetSeedMakesRunsRepeatable) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  acc.set_seed(3);
+  auto a = torch::randn({4});
+  acc.set_seed(3);
+  auto b = torch::randn({4});
+  EXPECT_TRUE(torch::equal(a, b));
+}
+
+TEST(Accelerator, CollectivesAreIdentitiesWithOneProcess) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  auto t = torch::arange(6).reshape({3, 2});
+  EXPECT_TRUE(torch::equal(acc.gather(t), t));
+  EXPECT_TRUE(torch::equal(acc.reduce(t, accelerate::Reduction::mean), t));
+  EXPECT_TRUE(torch::equal(acc.broadcast(t), t));
+  EXPECT_TRUE(torch::equal(acc.pad_across_processes(t), t));
+  std::vector<int> items{1, 2, 3};
+  EXPECT_EQ(acc.split_between_processes(items), items);
+  EXPECT_TRUE(acc.on_main_process([] {}));
+  { auto first = acc.main_process_first(); }
+}
+
+}  // namespace
