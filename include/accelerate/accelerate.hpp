@@ -4,5 +4,8 @@
 
 #include <accelerate/accelerator.hpp>
 #include <accelerate/data/idx.hpp>
+#include <accelerate/distributed/process_group.hpp>
+#include <accelerate/launch/launch.hpp>
 #include <accelerate/data/tensor_dataset.hpp>
+#include <accelerate/track/progress.hpp>
 #include <accelerate/version.hpp>

@@ -1,0 +1,153 @@
+// Fashion-MNIST with accelerate-cpp: the library's main job. A plain LibTorch training loop
+// written once; the Accelerator's policies decide how it runs. The last line printed is one
+// JSON object describing the run.
+#include <accelerate/accelerate.hpp>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct Args {
+  int epochs = 1;
+  std::size_t batch_size = 64;
+  double lr = 1e-3;
+  std::uint64_t seed = 42;
+  std::string data = accelerate::data::fashion_mnist_default_dir.string();
+  bool progress = true;
+};
+
+[[noreturn]] void usage(const std::string& problem) {
+  std::cerr << "fashion_mnist: " << problem << "\n"
+            << "usage: fashion_mnist [--epochs N] [--batch-size N] [--lr X] [--seed N] [--data DIR]\n"
+            << "                     [--no-progress]\n";
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(flag + " needs a value");
+      return argv[++i];
+    };
+    try {
+      if (flag == "--epochs") a.epochs = std::stoi(value());
+      else if (flag == "--batch-size") a.batch_size = std::stoul(value());
+      else if (flag == "--lr") a.lr = std::stod(value());
+      else if (flag == "--seed") a.seed = std::stoull(value());
+      else if (flag == "--data") a.data = value();
+      else if (flag == "--no-progress") a.progress = false;
+      else usage("unknown flag " + flag);
+    } catch (const std::logic_error&) {
+      usage("bad value for " + flag);
+    }
+  }
+  if (a.epochs < 1 || a.batch_size < 1 || !(a.lr > 0)) usage("--epochs, --batch-size and --lr must be positive");
+  return a;
+}
+
+/// A small CNN: two 5x5 convolutions with max pooling, then a linear classifier.
+struct ClassifierImpl : torch::nn::Module {
+  ClassifierImpl()
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 5).padding(2)))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 5).padding(2)))),
+        fc(register_module("fc", torch::nn::Linear(32 * 7 * 7, 10))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::max_pool2d(torch::relu(conv1(x.view({-1, 1, 28, 28}))), 2);
+    h = torch::max_pool2d(torch::relu(conv2(h)), 2);
+    return fc(h.flatten(1));
+  }
+  torch::nn::Conv2d conv1, conv2;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(Classifier);
+
+template <class Acc>
+int train(const Args& args) {
+  const auto start = std::chrono::steady_clock::now();
+  Acc acc{{.seed = args.seed}};
+  const auto train_set = accelerate::data::load_fashion_mnist(args.data, /*train=*/true);
+  const auto test_set = accelerate::data::load_fashion_mnist(args.data, /*train=*/false);
+
+  Classifier net;
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(args.lr));
+  auto [model, optimizer, train_loader, test_loader] = acc.prepare(
+      net, adam, accelerate::DataLoader(train_set, {.batch_size = args.batch_size, .shuffle = true}),
+      accelerate::DataLoader(test_set, {.batch_size = 256}));
+
+  std::size_t micro_steps = 0, optimizer_steps = 0;
+  double last_epoch_loss = 0.0;
+  for (int epoch = static_cast<int>(train_loader.epoch()); epoch < args.epochs; ++epoch) {
+    model->train();
+    accelerate::ProgressBar bar(train_loader.size(),
+                                {.enabled = acc.is_main_process() && args.progress,
+                                 .description = "epoch " + std::to_string(epoch + 1)});
+    torch::Tensor loss_sum = torch::zeros({}, torch::kDouble);
+    std::size_t batches = 0;
+    for (auto& [x, y] : train_loader) {
+      auto step = acc.accumulate(model);
+      auto loss = torch::cross_entropy_loss(model(x), y);
+      acc.backward(loss);
+      optimizer.step();
+      optimizer.zero_grad();
+      ++micro_steps;
+      if (step.sync_gradients() && !acc.optimizer_step_was_skipped()) ++optimizer_steps;
+      loss_sum += loss.detach().to(torch::kDouble).cpu();
+      ++batches;
+      bar.update(loss.template item<double>());
+    }
+    bar.close();
+    last_epoch_loss = acc.reduce(loss_sum, accelerate::Reduction::mean).template item<double>() /
+                      static_cast<double>(batches);
+  }
+
+  model->eval();
+  torch::NoGradGuard no_grad;
+  std::int64_t correct = 0, total = 0;
+  for (auto& [x, y] : test_loader) {
+    auto predictions = acc.gather_for_metrics(model(x).argmax(1));
+    auto labels = acc.gather_for_metrics(y);
+    correct += predictions.eq(labels).sum().template item<std::int64_t>();
+    total += labels.size(0);
+  }
+
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (acc.is_main_process()) {
+    nlohmann::json report = {
+        {"world_size", acc.num_processes()},
+        {"precision", std::string(acc.mixed_precision())},
+        {"accum", acc.gradient_accumulation_steps()},
+        {"epochs", args.epochs},
+        {"micro_steps", micro_steps},
+        {"optimizer_steps", optimizer_steps},
+        {"allreduce_calls", acc.stats().allreduce.calls},
+        {"train_loss", last_epoch_loss},
+        {"test_samples", total},
+        {"test_accuracy", static_cast<double>(correct) / static_cast<double>(total)},
+        {"seconds", seconds},
+    };
+    std::cout << report.dump() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args args = parse(argc, argv);
+    return train<accelerate::Accelerator<>>(args);
+  } catch (const accelerate::Error& e) {
+    std::cerr << "fashion_mnist: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,257 @@
+// GradientReducer: data-parallel gradient averaging in buckets, launched asynchronously from
+// autograd hooks as each bucket's gradients become ready, so communication overlaps the rest
+// of backward; everything is awaited in a callback at the end of the same backward pass.
+//
+// Why not c10d::Reducer: it is an internal class whose constructor changed across 2.x
+// releases and which drags in dist-autograd headers; this is the same algorithm in ~200 lines
+// of public autograd API, measured as fast (shared/TECH-NOTES.md Q1, bench/README.md).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <accelerate/detail/check.hpp>
+#include <accelerate/distributed/communicator.hpp>
+
+namespace accelerate::distributed {
+
+/// Bucket sizes and unused-parameter handling (from AcceleratorOptions).
+struct ReducerOptions {
+  std::size_t bucket_cap_bytes = std::size_t{4} << 20;
+  std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
+  bool find_unused_parameters = false;
+};
+
+/// Averages the gradients of a model's parameters across ranks. Buckets are filled in reverse
+/// registration order (roughly the order backward produces gradients), one dtype and device
+/// per bucket, and launched strictly in order so every rank issues the same collectives.
+/// With sync off (no_sync), hooks return at once and gradients accumulate locally.
+class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
+ public:
+  GradientReducer(std::vector<std::pair<std::string, at::Tensor>> named_params,
+                  std::shared_ptr<Communicator> comm, ReducerOptions options)
+      : comm_(std::move(comm)), options_(options) {
+    for (auto& [name, p] : named_params) {
+      if (!p.requires_grad()) continue;
+      names_.push_back(name);
+      params_.push_back(p);
+    }
+    build_buckets();
+  }
+
+  /// Registers the hooks; call once, after the reducer is owned by a shared_ptr.
+  void install_hooks() {
+    std::weak_ptr<GradientReducer> weak = weak_from_this();
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
+      ACCELERATE_CHECK(accumulator != nullptr, "GradientReducer: parameter '", names_[i],
+                       "' is not a leaf that accumulates gradients");
+      const auto key = accumulator->add_post_hook(std::make_unique<ReadyHook>(weak, i));
+      hooks_.emplace_back(accumulator, key);
+    }
+  }
+
+  ~GradientReducer() {
+    for (auto& [accumulator, key] : hooks_) accumulator->del_post_hook(key);
+  }
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  /// Whether backward passes communicate (false inside no_sync / accumulation micro-steps).
+  void set_sync(bool enabled) noexcept { sync_ = enabled; }
+  bool sync_enabled() const noexcept { return sync_; }
+
+  /// Bucket layout: parameter indices per bucket, in launch order (for tests and benchmarks).
+  std::vector<std::vector<std::size_t>> bucket_layout() const {
+    std::vector<std::vector<std::size_t>> out;
+    for (const auto& b : buckets_) out.push_back(b.params);
+    return out;
+  }
+  std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  /// Buckets launched while some gradient of the same backward pass was still to come: the
+  /// communication that overlapped computation, counted over the reducer's life.
+  std::size_t overlapped_launches() const noexcept { return overlapped_launches_; }
+
+ private:
+  struct Bucket {
+    std::vector<std::size_t> params;
+    std::vector<int64_t> offsets;  // element offset of each parameter in `flat`
+    at::Tensor flat;
+    std::size_t pending = 0;
+    compat::WorkPtr work;
+  };
+
+  // Called by autograd after a parameter's gradient was accumulated into .grad.
+  class ReadyHook : public torch::autograd::FunctionPostHook {
+   public:
+    ReadyHook(std::weak_ptr<GradientReducer> reducer, std::size_t index)
+        : reducer_(std::move(reducer)), index_(index) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+      if (auto reducer = reducer_.lock()) reducer->on_ready(index_);
+      return outputs;
+    }
+
+   private:
+    std::weak_ptr<GradientReducer> reducer_;
+    std::size_t index_;
+  };
+
+  void build_buckets() {
+    // Open bucket per (device type, device index, dtype), filled in reverse order.
+    std::map<std::tuple<int, int, int>, std::size_t> open;
+    bucket_of_.assign(params_.size(), 0);
+    position_of_.assign(params_.size(), 0);
+    std::vector<std::size_t> bucket_bytes;
+    for (std::size_t k = params_.size(); k-- > 0;) {
+      const auto& p = params_[k];
+      const std::tuple<int, int, int> key{static_cast<int>(p.device().type()), p.device().index(),
+                                          static_cast<int>(p.scalar_type())};
+      auto it = open.find(key);
+      if (it == open.end()) {
+        buckets_.emplace_back();
+        bucket_bytes.push_back(0);
+        it = open.emplace(key, buckets_.size() - 1).first;
+      }
+      Bucket& bucket = buckets_[it->second];
+      bucket.offsets.push_back(bucket.params.empty()
+                                   ? 0
+                                   : bucket.offsets.back() + params_[bucket.params.back()].numel());
+      position_of_[k] = bucket.params.size();
+      bucket.params.push_back(k);
+      bucket_of_[k] = it->second;
+      bucket_bytes[it->second] += static_cast<std::size_t>(p.numel()) * p.element_size();
+      const std::size_t cap = it->second == 0 ? options_.first_bucket_cap_bytes : options_.bucket_cap_bytes;
+      if (bucket_bytes[it->second] >= cap) open.erase(it);  // full: the next one opens anew
+    }
+    for (auto& bucket : buckets_) {
+      const auto& last = params_[bucket.params.back()];
+      const int64_t total = bucket.offsets.back() + last.numel();
+      bucket.flat = at::zeros({total}, last.options().requires_grad(false));
+      bucket.pending = bucket.params.size();
+    }
+    ready_.assign(params_.size(), false);
+  }
+
+  void on_ready(std::size_t index) {
+    if (!sync_) return;
+    if (!round_open_) {
+      round_open_ = true;
+      // Runs when this backward pass ends, on the same thread, before backward() returns.
+      torch::autograd::Engine::get_default_engine().queue_callback(
+          [weak = weak_from_this()] {
+            if (auto reducer = weak.lock()) reducer->finish_round();
+          });
+    }
+    mark_ready(index);
+  }
+
+  // Copies a gradient (zeros when it has none) into its bucket; launches full buckets.
+  void mark_ready(std::size_t index) {
+    if (ready_[index]) return;
+    ready_[index] = true;
+    ++ready_count_;
+    Bucket& bucket = buckets_[bucket_of_[index]];
+    const at::Tensor& grad = params_[index].grad();
+    at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[position_of_[index]], params_[index].numel());
+    if (grad.defined()) slot.copy_(grad.reshape(-1));
+    else slot.zero_();
+    if (--bucket.pending == 0) launch_ready_buckets();
+  }
+
+  void launch_ready_buckets() {
+    while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+      Bucket& bucket = buckets_[next_bucket_++];
+      if (ready_count_ < params_.size()) ++overlapped_launches_;
+      bucket.work = comm_->all_reduce_async(bucket.flat);
+    }
+  }
+
+  void finish_round() {
+    round_open_ = false;
+    if (next_bucket_ < buckets_.size()) {
+      std::vector<std::string> missing;
+      for (std::size_t i = 0; i < params_.size(); ++i)
+        if (!ready_[i]) missing.push_back(names_[i]);
+      if (!options_.find_unused_parameters) {
+        std::ostringstream list;
+        for (const auto& name : missing) list << ' ' << name;
+        // Launched buckets must still complete, or the peers' next collective would mismatch.
+        wait_launched();
+        reset_round();
+        accelerate::detail::fail(
+            "gradient sync (rank ", comm_->rank(), "): ", missing.size(),
+            " parameter(s) received no gradient in this backward pass, so their buckets can "
+            "never be all-reduced:", list.str(),
+            ". Use every parameter in forward, freeze them (requires_grad=false), or set "
+            "AcceleratorOptions::find_unused_parameters = true");
+      }
+      for (std::size_t i = 0; i < params_.size(); ++i) mark_ready(i);  // the unused contribute zeros
+    }
+    torch::NoGradGuard no_grad;
+    for (auto& bucket : buckets_) {
+      comm_->wait(bucket.work, "gradient all_reduce");
+      bucket.flat.div_(comm_->world_size());
+      for (std::size_t j = 0; j < bucket.params.size(); ++j) {
+        at::Tensor& param = params_[bucket.params[j]];
+        at::Tensor averaged =
+            bucket.flat.narrow(0, bucket.offsets[j], param.numel()).view(param.sizes());
+        at::Tensor& grad = param.mutable_grad();
+        if (grad.defined()) grad.copy_(averaged);
+        else grad = averaged.clone();
+      }
+    }
+    comm_->count_grad_sync_round();
+    reset_round();
+  }
+
+  void wait_launched() {
+    for (std::size_t b = 0; b < next_bucket_; ++b) {
+      try {
+        buckets_[b].work->wait();
+      } catch (...) {
+      }
+    }
+  }
+
+  void reset_round() {
+    next_bucket_ = 0;
+    ready_count_ = 0;
+    std::fill(ready_.begin(), ready_.end(), false);
+    for (auto& bucket : buckets_) {
+      bucket.pending = bucket.params.size();
+      bucket.work.reset();
+    }
+  }
+
+  std::shared_ptr<Communicator> comm_;
+  ReducerOptions options_;
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> params_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;    // parameter -> bucket
+  std::vector<std::size_t> position_of_;  // parameter -> position in its bucket
+  std::vector<bool> ready_;
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
+  std::size_t next_bucket_ = 0;
+  std::size_t ready_count_ = 0;
+  std::size_t overlapped_launches_ = 0;
+  bool round_open_ = false;
+  bool sync_ = true;
+};
+
+}  // namespace accelerate::distributed

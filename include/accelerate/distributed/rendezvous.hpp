@@ -1,0 +1,110 @@
+// Rendezvous: connect every rank to rank 0's TCPStore, check that all ranks arrived within the
+// timeout (naming the missing ones) and that they were built and started alike.
+#pragma once
+
+#include <chrono>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <accelerate/compat/c10d.hpp>
+#include <accelerate/detail/check.hpp>
+#include <accelerate/distributed/environment.hpp>
+
+namespace accelerate::distributed {
+
+namespace detail {
+
+inline std::string seconds(std::chrono::milliseconds timeout) {
+  std::ostringstream out;
+  out << static_cast<double>(timeout.count()) / 1000.0 << " s";
+  return out.str();
+}
+
+/// The first whitespace-separated field that differs between this rank's description and
+/// rank `other`'s, as "field (rank N: field')", so that a mismatch error points at the cause.
+inline std::string first_difference(const std::string& mine, const std::string& theirs, int other) {
+  std::istringstream a(mine), b(theirs);
+  std::string x, y;
+  const std::string them = "rank " + std::to_string(other);
+  while (true) {
+    const bool more_a = static_cast<bool>(a >> x), more_b = static_cast<bool>(b >> y);
+    if (!more_a && !more_b) return "(identical)";
+    if (!more_a) return them + " has an extra field " + y;
+    if (!more_b) return "this rank has an extra field " + x;
+    if (x != y) return x + " (" + them + ": " + y + ")";
+  }
+}
+
+}  // namespace detail
+
+/// Sets `<prefix>/<rank>` to `value` and waits until every rank has set its key. A rank that
+/// does not arrive within `timeout` is named in the error.
+inline void wait_for_all(c10d::Store& store, const std::string& prefix, const ProcessEnvironment& env,
+                         const std::string& value, std::chrono::milliseconds timeout,
+                         const char* what) {
+  store.set(prefix + "/" + std::to_string(env.rank), value);
+  std::vector<std::string> keys;
+  for (int r = 0; r < env.world_size; ++r) keys.push_back(prefix + "/" + std::to_string(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception&) {
+    std::ostringstream missing;
+    int count = 0;
+    for (int r = 0; r < env.world_size; ++r) {
+      bool present = false;
+      try {
+        present = store.check({keys[static_cast<std::size_t>(r)]});
+      } catch (const std::exception&) {
+      }
+      if (!present) missing << (count++ ? ", " : " ") << r;
+    }
+    accelerate::detail::fail("rendezvous (", what, "): rank ", env.rank, " waited ",
+                             detail::seconds(timeout), " at ", env.master_addr, ":", env.master_port,
+                             " but rank(s)", missing.str(), " of ", env.world_size,
+                             " never arrived (did they start, with the same MASTER_ADDR/PORT?)");
+  }
+}
+
+/// After wait_for_all(prefix): checks that every rank published the same `mine`; the error
+/// (raised on every rank, so none waits for a peer that is about to fail) names the first
+/// rank that differs and the first differing field.
+inline void check_same_everywhere(c10d::Store& store, const std::string& prefix,
+                                  const ProcessEnvironment& env, const std::string& mine,
+                                  const std::string& subject) {
+  for (int r = 0; r < env.world_size; ++r) {
+    if (r == env.rank) continue;
+    const auto bytes = store.get(prefix + "/" + std::to_string(r));
+    const std::string theirs(bytes.begin(), bytes.end());
+    ACCELERATE_CHECK(theirs == mine, subject, ": rank ", env.rank, " and rank ", r, " differ: ",
+                     detail::first_difference(mine, theirs, r), ". Rank ", env.rank, ": ", mine,
+                     "; rank ", r, ": ", theirs);
+  }
+}
+
+/// Connects to the rendezvous store of `env`, waits for every rank, and checks that each
+/// rank's `fingerprint` (compile-time policies and shared options) equals rank 0's.
+inline compat::StorePtr rendezvous(const ProcessEnvironment& env, std::chrono::milliseconds timeout,
+                                   const std::string& fingerprint) {
+  compat::StorePtr store;
+  try {
+    store = compat::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size,
+                                   timeout);
+  } catch (const std::exception& e) {
+    if (env.rank == 0) {
+      accelerate::detail::fail("rendezvous: rank 0 could not serve the store on ", env.master_addr,
+                               ":", env.master_port, " (port in use, or not this host's address?): ",
+                               e.what());
+    }
+    accelerate::detail::fail("rendezvous: rank ", env.rank, " could not reach rank 0's store at ",
+                             env.master_addr, ":", env.master_port, " within ",
+                             detail::seconds(timeout), " (is rank 0 running?): ", e.what());
+  }
+  wait_for_all(*store, "accelerate/joined", env, fingerprint, timeout, "joining");
+  check_same_everywhere(*store, "accelerate/joined", env, fingerprint,
+                        "rendezvous: ranks must be built with the same policies and started with "
+                        "the same shared options");
+  return store;
+}
+
+}  // namespace accelerate::distributed

@@ -1,0 +1,86 @@
+// The launcher's command-line flags (--nproc, --nnodes, --node-rank, --master-addr,
+// --master-port), removed from argv before the program sees it.
+#pragma once
+
+#include <cerrno>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <accelerate/detail/check.hpp>
+#include <accelerate/detail/env.hpp>
+
+namespace accelerate {
+
+/// How accelerate::launch starts a job (flags win over ACCELERATE_NUM_PROCESSES).
+struct LaunchOptions {
+  int nproc = 1;                        // processes on this node
+  int nnodes = 1;                       // nodes in the job
+  int node_rank = 0;                    // this node's index
+  std::string master_addr = "127.0.0.1";
+  std::optional<int> master_port;       // default: a free port (one node) or 29500
+  /// Seconds the other ranks get to exit after a rank fails, before SIGKILL.
+  double grace_seconds = 5.0;
+};
+
+namespace launch_detail {
+
+inline int parse_int(std::string_view flag, const std::string& text, int min, int max) {
+  errno = 0;
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  ACCELERATE_CHECK(errno == 0 && end != text.c_str() && *end == '\0' && value >= min && value <= max,
+                   "accelerate launch: ", flag, " needs an integer in [", min, ", ", max, "], got '",
+                   text, "'");
+  return static_cast<int>(value);
+}
+
+}  // namespace launch_detail
+
+/// Reads and removes the launcher's flags from argv (both `--flag value` and `--flag=value`),
+/// leaving the program's own arguments in order. ACCELERATE_NUM_PROCESSES gives the default
+/// --nproc.
+/// Example:
+///   auto options = accelerate::parse_launch_args(argc, argv);   // argc/argv shrink
+inline LaunchOptions parse_launch_args(int& argc, char** argv) {
+  LaunchOptions options;
+  if (auto n = detail::env_string("ACCELERATE_NUM_PROCESSES"))
+    options.nproc = launch_detail::parse_int("ACCELERATE_NUM_PROCESSES", *n, 1, 4096);
+  std::vector<char*> kept{argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    auto take = [&](std::string_view name) -> bool {
+      if (arg == name) {
+        ACCELERATE_CHECK(i + 1 < argc, "accelerate launch: ", name, " needs a value");
+        value = argv[++i];
+        return true;
+      }
+      if (arg.rfind(std::string(name) + "=", 0) == 0) {
+        value = arg.substr(name.size() + 1);
+        return true;
+      }
+      return false;
+    };
+    if (take("--nproc") || take("--nproc-per-node") || take("--num-processes"))
+      options.nproc = launch_detail::parse_int("--nproc", value, 1, 4096);
+    else if (take("--nnodes")) options.nnodes = launch_detail::parse_int("--nnodes", value, 1, 65536);
+    else if (take("--node-rank")) options.node_rank = launch_detail::parse_int("--node-rank", value, 0, 65535);
+    else if (take("--master-addr")) options.master_addr = value;
+    else if (take("--master-port")) options.master_port = launch_detail::parse_int("--master-port", value, 1, 65535);
+    else kept.push_back(argv[i]);
+  }
+  ACCELERATE_CHECK(options.node_rank < options.nnodes, "accelerate launch: --node-rank ",
+                   options.node_rank, " must be below --nnodes ", options.nnodes);
+  ACCELERATE_CHECK(options.nnodes == 1 || options.master_port.has_value(),
+                   "accelerate launch: --nnodes ", options.nnodes,
+                   " needs --master-port (and --master-addr of node 0) on every node");
+  for (std::size_t k = 0; k < kept.size(); ++k) argv[k] = kept[k];
+  argc = static_cast<int>(kept.size());
+  argv[argc] = nullptr;
+  return options;
+}
+
+}  // namespace accelerate

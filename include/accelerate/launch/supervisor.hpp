@@ -1,0 +1,146 @@
+// Supervisor: starts the ranks of one node as child processes, forwards SIGINT/SIGTERM, and
+// when a rank fails stops the others and reports which rank failed and how.
+#pragma once
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <accelerate/detail/check.hpp>
+#include <accelerate/launch/cli.hpp>
+
+extern char** environ;
+
+namespace accelerate {
+
+namespace launch_detail {
+
+inline std::atomic<int> forwarded_signal{0};
+inline void remember_signal(int sig) { forwarded_signal.store(sig); }
+
+/// A TCP port that was free a moment ago (the kernel's choice for port 0 on loopback).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ACCELERATE_CHECK(fd >= 0, "accelerate launch: socket(): ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);
+  ACCELERATE_CHECK(ok, "accelerate launch: could not find a free port: ", std::strerror(errno));
+  return ntohs(addr.sin_port);
+}
+
+inline std::string describe(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return "was killed by signal " + std::to_string(sig) + " (" + ::strsignal(sig) + ")";
+  }
+  return "ended with status " + std::to_string(status);
+}
+
+/// The exit code a failed rank propagates: its own, or 128 + signal as shells do.
+inline int exit_code(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace launch_detail
+
+/// One rank to start: its command line and the variables added to this process's environment.
+struct RankProcess {
+  std::vector<std::string> argv;
+  std::map<std::string, std::string> env;
+  pid_t pid = -1;
+};
+
+/// Starts the ranks and waits for them. Returns 0 when all exit 0; otherwise the first
+/// failing rank's code (128 + signal when killed), after terminating the others (SIGTERM,
+/// then SIGKILL after `grace_seconds`). Prints one line naming the failing rank to stderr.
+/// SIGINT and SIGTERM sent to the supervisor are forwarded to every rank.
+inline int supervise(std::vector<RankProcess>& ranks, int first_rank, double grace_seconds) {
+  struct sigaction action {};
+  action.sa_handler = launch_detail::remember_signal;
+  sigemptyset(&action.sa_mask);
+  struct sigaction old_int {}, old_term {};
+  ::sigaction(SIGINT, &action, &old_int);
+  ::sigaction(SIGTERM, &action, &old_term);
+
+  for (auto& rank : ranks) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) {
+      const std::string entry = *e;
+      if (!rank.env.count(entry.substr(0, entry.find('=')))) env_strings.push_back(entry);
+    }
+    for (const auto& [key, value] : rank.env) env_strings.push_back(key + "=" + value);
+    std::vector<char*> envp, argv;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    for (auto& s : rank.argv) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    const int err = ::posix_spawn(&rank.pid, "/proc/self/exe", nullptr, nullptr, argv.data(), envp.data());
+    ACCELERATE_CHECK(err == 0, "accelerate launch: could not start a rank: ", std::strerror(err));
+  }
+
+  int result = 0;
+  std::size_t running = ranks.size();
+  bool stopping = false;
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  auto signal_all = [&](int sig) {
+    for (auto& r : ranks)
+      if (r.pid > 0) ::kill(r.pid, sig);
+  };
+  while (running > 0) {
+    if (const int sig = launch_detail::forwarded_signal.exchange(0)) signal_all(sig);
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (std::size_t i = 0; i < ranks.size(); ++i) {
+        if (ranks[i].pid != pid) continue;
+        ranks[i].pid = -1;
+        --running;
+        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (failed && !stopping) {
+          stopping = true;
+          result = launch_detail::exit_code(status);
+          std::cerr << "accelerate launch: rank " << first_rank + static_cast<int>(i) << " (pid " << pid
+                    << ") " << launch_detail::describe(status) << "; stopping the other "
+                    << running << " rank(s)" << std::endl;
+          signal_all(SIGTERM);
+          deadline = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<long>(grace_seconds * 1000));
+        }
+      }
+      continue;
+    }
+    if (pid < 0 && errno != EINTR) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      signal_all(SIGKILL);
+      deadline = std::chrono::steady_clock::time_point::max();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  return result;
+}
+
+}  // namespace accelerate

@@ -1,0 +1,173 @@
+// Collectives on the Accelerator with real processes: gather_for_metrics on uneven datasets,
+// pad_across_processes, broadcast and reduce of nested containers, split_between_processes,
+// main_process_first, and the rendezvous's failure modes.
+#include <accelerate/accelerate.hpp>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <thread>
+
+#include "../support/models.hpp"
+#include "../support/multiprocess.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using accelerate::testing::job_dir;
+using accelerate::testing::load_tensor;
+using accelerate::testing::run_job;
+using accelerate::testing::save_tensor;
+using Acc = accelerate::Accelerator<accelerate::Gloo>;
+
+int dataset_size_from_args() {
+  const char* args = std::getenv("ACCELERATE_TEST_ARGS");
+  return args ? std::atoi(args) : 10;
+}
+
+ACCELERATE_WORKER(gather_for_metrics) {
+  Acc acc{{.timeout = 60s}};
+  const int n = dataset_size_from_args();
+  auto ids = torch::arange(n, torch::kFloat).unsqueeze(1);
+  auto [loader] = acc.prepare(accelerate::DataLoader(accelerate::data::TensorDataset(ids, torch::arange(n)),
+                                                     {.batch_size = 2, .shuffle = true, .seed = 3}));
+  std::vector<torch::Tensor> seen;
+  for (auto& [x, y] : loader) seen.push_back(acc.gather_for_metrics(y));
+  if (acc.is_main_process()) save_tensor(job_dir() / "gathered.bin", torch::cat(seen));
+  return 0;
+}
+
+class GatherForMetrics : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(GatherForMetrics, ReturnsExactlyTheDatasetOnce) {
+  const auto [world, n] = GetParam();
+  auto job = run_job("gather_for_metrics", {.world_size = world, .args = {std::to_string(n)}});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+  auto gathered = load_tensor(job.dir / "gathered.bin");
+  ASSERT_EQ(gathered.numel(), n);
+  EXPECT_TRUE(torch::equal(std::get<0>(gathered.sort()), torch::arange(n, torch::kDouble)));
+}
+// (2 ranks, 10 samples): last round of 4 holds 2 real; (3, 11): last round of 6 holds 5 real.
+INSTANTIATE_TEST_SUITE_P(Uneven, GatherForMetrics,
+                         ::testing::Values(std::pair{2, 10}, std::pair{3, 11}, std::pair{2, 8}));
+
+ACCELERATE_WORKER(collectives) {
+  Acc acc{{.timeout = 60s}};
+  const int rank = acc.process_index(), world = acc.num_processes();
+  auto fail = [&](int code, const std::string& what) {
+    std::cerr << "rank " << rank << ": " << what << std::endl;
+    return code;
+  };
+
+  // pad_across_processes: rank r holds r+1 rows of value r.
+  auto mine = torch::full({rank + 1, 2}, double(rank));
+  auto padded = acc.pad_across_processes(mine, 0, -1.0);
+  if (padded.size(0) != world) return fail(2, "pad size");
+  if (!torch::equal(padded.narrow(0, 0, rank + 1), mine)) return fail(3, "pad data");
+  if (rank + 1 < world && padded[world - 1][0].item<double>() != -1.0) return fail(4, "pad value");
+  auto first = acc.pad_across_processes(mine, 0, -1.0, /*pad_first=*/true);
+  if (!torch::equal(first.narrow(0, world - rank - 1, rank + 1), mine)) return fail(5, "pad_first");
+  // gather of uneven rows concatenates in rank order.
+  auto all = acc.gather(mine);
+  if (all.size(0) != world * (world + 1) / 2 || all[0][0].item<double>() != 0.0) return fail(6, "gather");
+
+  // broadcast of a nested container: shapes follow the sender.
+  std::map<std::string, std::vector<torch::Tensor>> nested;
+  if (rank == 0) nested["a"] = {torch::arange(3), torch::ones({2, 2}, torch::kDouble)};
+  else nested["a"] = {torch::zeros({1}), torch::zeros({1})};
+  auto received = acc.broadcast(nested, 0);
+  if (!torch::equal(received["a"][0], torch::arange(3)) ||
+      !torch::equal(received["a"][1], torch::ones({2, 2}, torch::kDouble)))
+    return fail(7, "broadcast");
+
+  // reduce: sum, mean, max over a tuple.
+  auto reduced = acc.reduce(std::tuple{torch::tensor({double(rank)}), torch::tensor({rank + 1})},
+                            accelerate::Reduction::sum);
+  if (std::get<0>(reduced).item<double>() != world * (world - 1) / 2.0) return fail(8, "sum");
+  if (acc.reduce(torch::tensor({double(rank)}), accelerate::Reduction::mean).item<double>() != (world - 1) / 2.0)
+    return fail(9, "mean");
+  if (acc.reduce(torch::tensor({rank}), accelerate::Reduction::max).item<int64_t>() != world - 1)
+    return fail(10, "max");
+
+  // split_between_processes: 5 items on 2 ranks -> 3 + 2 (padded: 3 + 3).
+  std::vector<int> items{0, 1, 2, 3, 4};
+  auto part = acc.split_between_processes(items);
+  auto padded_part = acc.split_between_processes(items, true);
+  if (world == 2 && rank == 1 && (part != std::vector<int>{3, 4} || padded_part != std::vector<int>{3, 4, 4}))
+    return fail(11, "split");
+  auto rows = acc.split_between_processes(torch::arange(5), true);
+  if (world == 2 && rows.size(0) != 3) return fail(12, "split tensor");
+
+  // main_process_first: the others enter only after rank 0 left the scope.
+  {
+    auto scope = acc.main_process_first();
+    if (rank == 0) {
+      std::this_thread::sleep_for(200ms);
+      std::ofstream(job_dir() / "main_done") << "1";
+    } else if (!std::filesystem::exists(job_dir() / "main_done")) {
+      return fail(13, "main_process_first order");
+    }
+  }
+
+  // set_seed(device_specific) gives every rank its own stream.
+  acc.set_seed(7, /*device_specific=*/true);
+  auto draws = acc.gather(torch::randn({1, 4}));
+  if (torch::equal(draws[0], draws[1])) return fail(14, "device_specific seed");
+  acc.wait_for_everyone();
+  const auto stats = acc.stats();
+  if (stats.broadcast.calls == 0 || stats.allgather.calls == 0 || stats.barrier.calls == 0)
+    return fail(15, "stats");
+  return 0;
+}
+
+TEST(Collectives, WorkOnTensorsAndNestedContainers) {
+  for (int world : {2, 3}) {
+    auto job = run_job("collectives", {.world_size = world});
+    EXPECT_EQ(job.exit_code, 0) << "world " << world << "\n" << job.logs();
+  }
+}
+
+ACCELERATE_WORKER(join_only) {
+  Acc acc{{.timeout = 3s}};
+  return 0;
+}
+
+TEST(Rendezvous, AMissingPeerFailsClearlyWithinTheTimeout) {
+  auto job = run_job("join_only", {.world_size = 2, .ranks = {0}});
+  EXPECT_NE(job.exit_code, 0);
+  EXPECT_LT(job.seconds, 20.0);
+  EXPECT_NE(job.log(0).find("rank(s) 1 of 2 never arrived"), std::string::npos) << job.logs();
+}
+
+ACCELERATE_WORKER(mismatched_policies) {
+  if (std::getenv("RANK") == std::string("1")) {
+    accelerate::Accelerator<accelerate::Gloo, accelerate::Bf16> acc{{.timeout = 20s}};
+  } else {
+    Acc acc{{.timeout = 20s}};
+  }
+  return 0;
+}
+
+TEST(Rendezvous, RanksWithDifferentPoliciesAreNamedOnBothSides) {
+  auto job = run_job("mismatched_policies", {.world_size = 2, .grace_seconds = 10});
+  EXPECT_NE(job.exit_code, 0);
+  EXPECT_LT(job.seconds, 15.0);
+  EXPECT_NE(job.logs().find("Precision=accelerate::Bf16"), std::string::npos) << job.logs();
+  EXPECT_NE(job.logs().find("Precision=accelerate::Fp32"), std::string::npos) << job.logs();
+}
+
+ACCELERATE_WORKER(mismatched_models) {
+  Acc acc{{.timeout = 20s}};
+  accelerate::testing::TinyNet net(8, acc.process_index() == 0 ? 16 : 12, 4);
+  auto [model] = acc.prepare(net);
+  return 0;
+}
+
+TEST(Rendezvous, ModelsWithDifferentShapesAreAnError) {
+  auto job = run_job("mismatched_models", {.world_size = 2, .grace_seconds = 10});
+  EXPECT_NE(job.exit_code, 0);
+  EXPECT_NE(job.logs().find("fc1.weight:Float[12,8] (rank 0: fc1.weight:Float[16,8])"), std::string::npos)
+      << job.logs();
+}
+
+}  // namespace

@@ -1,0 +1,127 @@
+// The launcher (launch/): spawning ranks, propagating a failing rank's exit code, stopping the
+// others, forwarding signals, joining under an existing launcher, and environment detection.
+#include <accelerate/accelerate.hpp>
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "../support/temp_dir.hpp"
+
+#ifndef ACCELERATE_LAUNCH_PROBE
+#error "the build passes the path of launch_probe"
+#endif
+
+namespace {
+
+using accelerate::testing::TempDir;
+
+struct Run {
+  int code;
+  std::string output;
+  double seconds;
+};
+
+Run run(const std::string& command) {
+  const auto start = std::chrono::steady_clock::now();
+  FILE* pipe = ::popen(("(" + command + ") 2>&1").c_str(), "r");
+  std::string output;
+  char buffer[512];
+  while (std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+}
+
+std::vector<pid_t> pids(const TempDir& dir, int world) {
+  std::vector<pid_t> out;
+  for (int r = 0; r < world; ++r) {
+    std::ifstream in(dir / ("rank" + std::to_string(r) + ".pid"));
+    pid_t pid = -1;
+    in >> pid;
+    out.push_back(pid);
+  }
+  return out;
+}
+
+bool alive(pid_t pid) { return pid > 0 && ::kill(pid, 0) == 0; }
+
+TEST(Launch, AFailingRankStopsTheOthersAndItsCodeIsReturned) {
+  TempDir dir;
+  const auto r = run(std::string(ACCELERATE_LAUNCH_PROBE) + " --nproc 3 --fail-rank 1 --code 7 --pid-dir " +
+                     dir.path().string());
+  EXPECT_EQ(r.code, 7) << r.output;
+  EXPECT_LT(r.seconds, 20.0);
+  EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with code 7"), std::string::npos) << r.output;
+  for (pid_t pid : pids(dir, 3)) EXPECT_FALSE(alive(pid)) << pid;
+}
+
+TEST(Launch, SpawnsRanksWithTheirEnvironmentAndSucceeds) {
+  TempDir dir;
+  const auto r = run(std::string(ACCELERATE_LAUNCH_PROBE) + " --sleep 0.2 --pid-dir " + dir.path().string() +
+                     " --nproc=2");
+  EXPECT_EQ(r.code, 0) << r.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream in(dir / ("rank" + std::to_string(rank) + ".pid"));
+    pid_t pid;
+    std::string world, threads;
+    in >> pid >> world >> threads;
+    EXPECT_EQ(world, "2");
+    EXPECT_NE(threads, "-");  // OMP_NUM_THREADS set against oversubscription
+  }
+}
+
+TEST(Launch, ACrashedRankIsReportedWithItsSignal) {
+  TempDir dir;
+  const auto r = run(std::string(ACCELERATE_LAUNCH_PROBE) + " --nproc 2 --sleep 30 --pid-dir " +
+                     dir.path().string() + " & sleep 1; kill -9 $(cut -d' ' -f1 " + (dir / "rank1.pid").string() +
+                     "); wait %1");
+  EXPECT_EQ(r.code, 128 + SIGKILL) << r.output;
+  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("killed by signal 9"), std::string::npos) << r.output;
+}
+
+TEST(Launch, ForwardsSigtermToEveryRank) {
+  TempDir dir;
+  const pid_t launcher = ::fork();
+  if (launcher == 0) {
+    ::execl(ACCELERATE_LAUNCH_PROBE, ACCELERATE_LAUNCH_PROBE, "--nproc", "2", "--sleep", "60", "--pid-dir",
+            dir.path().c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  for (int i = 0; i < 100 && !std::filesystem::exists(dir / "rank1.pid"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto ranks = pids(dir, 2);
+  ::kill(launcher, SIGTERM);
+  int status = 0;
+  ::waitpid(launcher, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM) << status;
+  for (pid_t pid : ranks) EXPECT_FALSE(alive(pid));
+}
+
+TEST(Launch, JoinsWhenAlreadyUnderALauncher) {
+  TempDir dir;
+  const auto r = run("RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 " +
+                     std::string(ACCELERATE_LAUNCH_PROBE) + " --nproc 4 --sleep 0 --pid-dir " + dir.path().string());
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir / "rank0.pid"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "rank1.pid"));
+}
+
+TEST(Launch, BadFlagsAreErrors) {
+  const auto r = run(std::string(ACCELERATE_LAUNCH_PROBE) + " --nproc zero");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--nproc needs an integer"), std::string::npos) << r.output;
+  const auto nodes = run(std::string(ACCELERATE_LAUNCH_PROBE) + " --nnodes 2 --node-rank 1");
+  EXPECT_NE(nodes.output.find("needs --master-port"), std::string::npos) << nodes.output;
+}
+
+}  // namespace

@@ -1,0 +1,42 @@
+// A tiny program run through accelerate::launch, for the launcher's tests: every rank writes
+// its pid, one rank may fail with a chosen code, the others sleep until stopped.
+#include <accelerate/launch/launch.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+
+int main(int argc, char** argv) {
+  return accelerate::launch(argc, argv, [](int argc, char** argv) {
+    int fail_rank = -1, code = 0;
+    double sleep_seconds = 60;
+    std::string pid_dir = ".";
+    for (int i = 1; i + 1 < argc; i += 2) {
+      const std::string flag = argv[i];
+      if (flag == "--fail-rank") fail_rank = std::atoi(argv[i + 1]);
+      else if (flag == "--code") code = std::atoi(argv[i + 1]);
+      else if (flag == "--sleep") sleep_seconds = std::atof(argv[i + 1]);
+      else if (flag == "--pid-dir") pid_dir = argv[i + 1];
+      else {
+        std::cerr << "launch_probe: unexpected argument " << flag << "\n";
+        return 2;
+      }
+    }
+    const char* rank_text = std::getenv("RANK");
+    const int rank = rank_text ? std::atoi(rank_text) : -1;
+    std::ofstream(pid_dir + "/rank" + std::to_string(rank) + ".pid")
+        << ::getpid() << " " << (std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : "-") << " "
+        << (std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "-") << "\n";
+    if (rank == fail_rank) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      return code;
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(sleep_seconds));
+    return 0;
+  });
+}
