@@ -1,44 +1,22 @@
-# Finds what accelerate::accelerate links: LibTorch 2.x, Boost (Hana), range-v3,
-# nlohmann-json, zlib, and Gloo's headers.
-#
-# LibTorch: a given Torch_DIR or CMAKE_PREFIX_PATH wins (any libtorch 2.x zip works);
-# otherwise the project's virtual environment (.venv, made by scripts/quickstart.sh) or the
-# Python named by ACCELERATE_PYTHON is asked for torch.utils.cmake_prefix_path.
+# Finds what accelerate::accelerate links: LibTorch 2.x (cmake/AccelerateTorch.cmake),
+# Boost (Hana), range-v3, nlohmann-json, zlib, Gloo's headers and, optionally, yaml-cpp.
 
 include_guard(GLOBAL)
 
-find_package(Torch CONFIG QUIET)
-if(NOT Torch_FOUND)
-  set(_accelerate_pythons "${ACCELERATE_PYTHON}" "${PROJECT_SOURCE_DIR}/.venv/bin/python")
-  foreach(_python IN LISTS _accelerate_pythons)
-    if(_python AND EXISTS "${_python}")
-      execute_process(
-        COMMAND "${_python}" -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
-        OUTPUT_VARIABLE _torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
-        RESULT_VARIABLE _torch_result ERROR_QUIET)
-      if(_torch_result EQUAL 0 AND _torch_prefix)
-        message(STATUS "accelerate: LibTorch from ${_python}: ${_torch_prefix}")
-        list(APPEND CMAKE_PREFIX_PATH "${_torch_prefix}")
-        break()
-      endif()
-    endif()
-  endforeach()
-  find_package(Torch CONFIG)
-endif()
-if(NOT Torch_FOUND)
-  message(FATAL_ERROR
-    "accelerate: LibTorch 2.x not found. Run scripts/quickstart.sh (it makes .venv with "
-    "torch==2.11.0), or pass -DCMAKE_PREFIX_PATH=<libtorch> or -DACCELERATE_PYTHON=<python with torch>.")
-endif()
-if(Torch_VERSION VERSION_LESS 2.0)
-  message(FATAL_ERROR "accelerate: needs LibTorch 2.x, found ${Torch_VERSION}")
-endif()
-message(STATUS "accelerate: LibTorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX})")
+include(AccelerateTorch)
+accelerate_find_torch()
 
 find_package(Boost 1.74 REQUIRED)
 find_package(range-v3 REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(ZLIB REQUIRED)
+# Optional: only <accelerate/config.hpp> (YAML run configurations) needs it.
+find_package(yaml-cpp QUIET)
+if(TARGET yaml-cpp)
+  set(ACCELERATE_WITH_YAML ON)
+else()
+  set(ACCELERATE_WITH_YAML OFF)
+endif()
 
 # ProcessGroupGloo.hpp includes <gloo/...>; PyTorch's wheel does not ship those headers.
 # Debian's libgloo-dev provides them (only pointers to gloo types appear in c10d's classes, so
@@ -52,8 +30,20 @@ if(NOT ACCELERATE_GLOO_INCLUDE_DIR)
 endif()
 
 # CUDA/NCCL paths compile wherever the LibTorch build has CUDA, even without a GPU.
-if(TARGET torch_cuda)
+if(TARGET torch_cuda OR ACCELERATE_TORCH_IMPORTED_CUDA)
   set(ACCELERATE_TORCH_HAS_CUDA ON)
 else()
   set(ACCELERATE_TORCH_HAS_CUDA OFF)
+endif()
+
+# Included through add_subdirectory/FetchContent, the imported targets found above must be
+# visible to the parent project, which links accelerate::accelerate and so, indirectly, them.
+if(NOT PROJECT_IS_TOP_LEVEL)
+  get_directory_property(_accelerate_imported IMPORTED_TARGETS)
+  foreach(_target IN LISTS _accelerate_imported)
+    get_target_property(_global ${_target} IMPORTED_GLOBAL)
+    if(NOT _global)
+      set_target_properties(${_target} PROPERTIES IMPORTED_GLOBAL TRUE)
+    endif()
+  endforeach()
 endif()

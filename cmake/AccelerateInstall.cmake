@@ -9,6 +9,9 @@ set(ACCELERATE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_DATADIR}/accelerate"
 
 install(DIRECTORY include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(TARGETS accelerate EXPORT accelerateTargets)
+if(TARGET accelerate_yaml_config)
+  install(TARGETS accelerate_yaml_config EXPORT accelerateTargets)
+endif()
 install(EXPORT accelerateTargets NAMESPACE accelerate:: DESTINATION ${ACCELERATE_INSTALL_CMAKEDIR})
 
 configure_package_config_file(cmake/accelerateConfig.cmake.in
@@ -18,4 +21,5 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/accelerateConfigVersion.c
   COMPATIBILITY SameMajorVersion ARCH_INDEPENDENT)
 install(FILES ${PROJECT_BINARY_DIR}/accelerateConfig.cmake
               ${PROJECT_BINARY_DIR}/accelerateConfigVersion.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/AccelerateTorch.cmake
         DESTINATION ${ACCELERATE_INSTALL_CMAKEDIR})

@@ -19,3 +19,24 @@ function(accelerate_add_test_executable name)
     DISCOVERY_MODE PRE_TEST
     PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT ${ARG_TIMEOUT})
 endfunction()
+
+# accelerate_compile_fail(case REGEX regex [LABEL label])
+# tests/compile_fail/<case>_ok.cpp must compile and <case>_fail.cpp must fail with a
+# diagnostic matching `regex` (a bare failure does not pass, so a typo cannot fake success).
+# Both are built on demand by CTest, serially, with the shared precompiled header.
+function(accelerate_compile_fail case)
+  cmake_parse_arguments(ARG "" "REGEX;LABEL" "" ${ARGN})
+  if(NOT ARG_LABEL)
+    set(ARG_LABEL unit)
+  endif()
+  foreach(kind ok fail)
+    set(target compile_${kind}_${case})
+    add_library(${target} OBJECT EXCLUDE_FROM_ALL ${CMAKE_CURRENT_SOURCE_DIR}/compile_fail/${case}_${kind}.cpp)
+    accelerate_use_pch(${target})
+    add_test(NAME compile_fail.${case}.${kind}
+             COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target ${target})
+    set_tests_properties(compile_fail.${case}.${kind} PROPERTIES
+      LABELS ${ARG_LABEL} RESOURCE_LOCK build_tree TIMEOUT 300)
+  endforeach()
+  set_tests_properties(compile_fail.${case}.fail PROPERTIES PASS_REGULAR_EXPRESSION "${ARG_REGEX}")
+endfunction()

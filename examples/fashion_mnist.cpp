@@ -21,17 +21,21 @@ struct Args {
   std::uint64_t seed = 42;
   std::string data = accelerate::data::fashion_mnist_default_dir.string();
   bool progress = true;
+  accelerate::RunConfig run;  // precision, accumulation, clipping, processes
 };
 
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr << "fashion_mnist: " << problem << "\n"
-            << "usage: fashion_mnist [--epochs N] [--batch-size N] [--lr X] [--seed N] [--data DIR]\n"
-            << "                     [--no-progress]\n";
+            << "usage: fashion_mnist [--nproc N] [--epochs N] [--batch-size N] [--lr X] [--seed N]\n"
+            << "                     [--data DIR] [--precision fp32|bf16|fp16] [--accum K]\n"
+            << "                     [--clip-norm X] [--no-progress]\n";
   std::exit(2);
 }
 
 Args parse(int argc, char** argv) {
   Args a;
+  a.run.with_environment();
+  a.run.num_processes = accelerate::distributed::detect_environment().world_size;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     auto value = [&]() -> std::string {
@@ -45,12 +49,19 @@ Args parse(int argc, char** argv) {
       else if (flag == "--seed") a.seed = std::stoull(value());
       else if (flag == "--data") a.data = value();
       else if (flag == "--no-progress") a.progress = false;
-      else usage("unknown flag " + flag);
+      else if (flag == "--accum") a.run.gradient_accumulation_steps = std::stoul(value());
+      else if (flag == "--clip-norm") a.run.max_grad_norm = std::stod(value());
+      else if (flag == "--precision") {
+        const std::string p = value();
+        if (p != "fp32" && p != "bf16" && p != "fp16") usage("--precision must be fp32, bf16 or fp16");
+        a.run.mixed_precision = p == "fp32" ? "no" : p;
+      } else usage("unknown flag " + flag);
     } catch (const std::logic_error&) {
       usage("bad value for " + flag);
     }
   }
-  if (a.epochs < 1 || a.batch_size < 1 || !(a.lr > 0)) usage("--epochs, --batch-size and --lr must be positive");
+  if (a.epochs < 1 || a.batch_size < 1 || !(a.lr > 0) || a.run.gradient_accumulation_steps < 1)
+    usage("--epochs, --batch-size, --lr and --accum must be positive");
   return a;
 }
 
@@ -73,7 +84,7 @@ TORCH_MODULE(Classifier);
 template <class Acc>
 int train(const Args& args) {
   const auto start = std::chrono::steady_clock::now();
-  Acc acc{{.seed = args.seed}};
+  Acc acc{args.run.apply({.seed = args.seed})};
   const auto train_set = accelerate::data::load_fashion_mnist(args.data, /*train=*/true);
   const auto test_set = accelerate::data::load_fashion_mnist(args.data, /*train=*/false);
 
@@ -142,12 +153,21 @@ int train(const Args& args) {
 
 }  // namespace
 
+// Every combination the flags can ask for is compiled; dispatch() runs the one they select.
+using Supported = accelerate::all_combinations<
+    accelerate::type_list<accelerate::SingleProcess, accelerate::Gloo>,
+    accelerate::type_list<accelerate::Fp32, accelerate::Bf16, accelerate::Fp16>,
+    accelerate::type_list<accelerate::NoAccumulation, accelerate::AccumulateDynamic>,
+    accelerate::type_list<accelerate::NoClip, accelerate::ClipNorm<>>>;
+
 int main(int argc, char** argv) {
-  try {
-    const Args args = parse(argc, argv);
-    return train<accelerate::Accelerator<>>(args);
-  } catch (const accelerate::Error& e) {
-    std::cerr << "fashion_mnist: " << e.what() << "\n";
-    return 1;
-  }
+  return accelerate::launch(argc, argv, [](int argc, char** argv) {
+    try {
+      const Args args = parse(argc, argv);
+      return accelerate::dispatch(Supported{}, args.run, [&]<class Acc>() { return train<Acc>(args); });
+    } catch (const accelerate::Error& e) {
+      std::cerr << "fashion_mnist: " << e.what() << "\n";
+      return 1;
+    }
+  });
 }

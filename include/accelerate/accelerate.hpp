@@ -1,11 +1,13 @@
 // The umbrella header for trainers and examples: everything but the NCCL backend
-// (<accelerate/distributed/nccl.hpp>). Library headers never include it.
+// (<accelerate/distributed/nccl.hpp>) and YAML configurations (<accelerate/config.hpp>).
+// Library headers never include it.
 #pragma once
 
 #include <accelerate/accelerator.hpp>
 #include <accelerate/data/idx.hpp>
+#include <accelerate/data/tensor_dataset.hpp>
 #include <accelerate/distributed/process_group.hpp>
 #include <accelerate/launch/launch.hpp>
-#include <accelerate/data/tensor_dataset.hpp>
+#include <accelerate/presets.hpp>
 #include <accelerate/track/progress.hpp>
 #include <accelerate/version.hpp>

@@ -1,0 +1,17 @@
+# Fails when a header outside include/accelerate/compat/ tests TORCH_VERSION_* (cmake -P,
+# -DROOT=<include dir>): LibTorch version differences belong in compat/ only.
+file(GLOB_RECURSE headers "${ROOT}/*.hpp")
+set(offenders)
+foreach(header IN LISTS headers)
+  if(header MATCHES "/compat/")
+    continue()
+  endif()
+  file(STRINGS "${header}" hits REGEX "TORCH_VERSION_")
+  if(hits)
+    list(APPEND offenders "${header}")
+  endif()
+endforeach()
+if(offenders)
+  message(FATAL_ERROR "TORCH_VERSION_ outside compat/: ${offenders}")
+endif()
+message(STATUS "no TORCH_VERSION_ outside compat/")
