@@ -46,6 +46,10 @@ class [[maybe_unused]] AccumulateScope<ModelSync, 0> {
  public:
   AccumulateScope(bool sync_gradients, std::array<ModelSync*, 0>) noexcept
       : sync_gradients_(sync_gradients) {}
+  // User-provided, so that `auto step = acc.accumulate(model);` is not "set but not used".
+  ~AccumulateScope() {}
+  AccumulateScope(const AccumulateScope&) = delete;
+  AccumulateScope& operator=(const AccumulateScope&) = delete;
   bool sync_gradients() const noexcept { return sync_gradients_; }
 
  private:

@@ -1,0 +1,134 @@
+// Gradient accumulation and clipping on 2 ranks: no communication off the boundaries, exactly
+// one all-reduce round per optimizer step, the same clipped norm on every rank.
+#include <accelerate/accelerate.hpp>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "../support/models.hpp"
+#include "../support/multiprocess.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using accelerate::testing::TinyNet;
+using accelerate::testing::flat_parameters;
+using accelerate::testing::job_dir;
+using accelerate::testing::load_tensor;
+using accelerate::testing::run_job;
+using accelerate::testing::save_tensor;
+
+constexpr int kMicro = 4, kSteps = 8;
+constexpr int64_t kBatch = 8;
+
+ACCELERATE_WORKER(accumulate_two_ranks) {
+  using Acc = accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::Accumulate<kMicro>,
+                                      accelerate::ClipNorm<>>;
+  Acc acc{{.max_norm = 0.5, .timeout = 60s}};
+  const int world = acc.num_processes();
+  torch::manual_seed(3);
+  TinyNet net;
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::StepLR lr(sgd, /*step_size=*/1000, /*gamma=*/0.5);
+  auto [model, opt, sched, loader] = acc.prepare(
+      net, sgd, lr,
+      accelerate::DataLoader(accelerate::testing::regression_data(kSteps * kMicro * kBatch * world),
+                             {.batch_size = static_cast<std::size_t>(kBatch)}));
+  std::vector<double> norms;
+  int boundaries = 0;
+  for (auto& [x, y] : loader) {
+    auto step = acc.accumulate(model);
+    const auto before = acc.stats().gradient_allreduce.calls;
+    acc.backward(torch::mse_loss(model(x), y));
+    if (!step.sync_gradients() && acc.stats().gradient_allreduce.calls != before) return 2;  // no_sync leaked
+    opt.step();
+    sched.step();
+    opt.zero_grad();
+    if (step.sync_gradients()) {
+      ++boundaries;
+      norms.push_back(acc.last_grad_norm());
+    }
+  }
+  const auto stats = acc.stats();
+  if (boundaries != kSteps || stats.grad_sync_rounds != kSteps) return 3;
+  int64_t param_bytes = 0;
+  for (const auto& p : net->parameters()) param_bytes += p.numel() * 4;
+  if (stats.gradient_allreduce.bytes != static_cast<uint64_t>(kSteps * param_bytes)) return 4;
+  // The scheduler steps num_processes times per optimizer step (Accelerate's rule).
+  if (acc.is_main_process()) {
+    save_tensor(job_dir() / "params.bin", flat_parameters(*net));
+    std::ofstream(job_dir() / "scheduler_steps") << accelerate::compat::scheduler_step_count(lr);
+  }
+  save_tensor(job_dir() / ("norms_rank" + std::to_string(acc.process_index()) + ".bin"),
+              torch::tensor(norms, torch::kDouble));
+  return 0;
+}
+
+TEST(AccumulationTwoRanks, EqualsOneProcessAndSyncsOncePerOptimizerStep) {
+  auto job = run_job("accumulate_two_ranks", {.world_size = 2});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+
+  // One process, no accumulation, batch world * N * b: the same samples per optimizer step.
+  using Single = accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32, accelerate::NoAccumulation,
+                                         accelerate::ClipNorm<>>;
+  Single acc{{.cpu = true, .max_norm = 0.5}};
+  torch::manual_seed(3);
+  TinyNet net;
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto [model, opt, loader] = acc.prepare(
+      net, sgd,
+      accelerate::DataLoader(accelerate::testing::regression_data(kSteps * kMicro * kBatch * 2),
+                             {.batch_size = static_cast<std::size_t>(2 * kMicro * kBatch)}));
+  std::vector<double> norms;
+  for (auto& [x, y] : loader) {
+    acc.backward(torch::mse_loss(model(x), y));
+    opt.step();
+    opt.zero_grad();
+    norms.push_back(acc.last_grad_norm());
+  }
+  const auto params = load_tensor(job.dir / "params.bin");
+  EXPECT_LE((params - flat_parameters(*net).to(torch::kDouble)).abs().max().item<double>(), 1e-6);
+  const auto norms0 = load_tensor(job.dir / "norms_rank0.bin");
+  const auto norms1 = load_tensor(job.dir / "norms_rank1.bin");
+  EXPECT_TRUE(torch::equal(norms0, norms1)) << "the clipped norm is identical on every rank";
+  EXPECT_LE((norms0 - torch::tensor(norms, torch::kDouble)).abs().max().item<double>(), 1e-5);
+  std::ifstream steps(job.dir / "scheduler_steps");
+  unsigned count = 0;
+  steps >> count;
+  EXPECT_EQ(count, 2u * kSteps);
+}
+
+ACCELERATE_WORKER(no_sync_bytes) {
+  // The same 16 micro-steps with accumulation (no_sync) and with a sync every micro-step.
+  const char* every = std::getenv("ACCELERATE_TEST_ARGS");
+  const bool sync_every = every && std::string(every).find("every") != std::string::npos;
+  accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::AccumulateDynamic> acc{
+      {.gradient_accumulation_steps = sync_every ? 1u : 8u, .timeout = 60s}};
+  TinyNet net;
+  auto [model] = acc.prepare(net);
+  const auto x = torch::randn({4, 8});
+  for (int i = 0; i < 16; ++i) {
+    auto step = acc.accumulate(model);
+    acc.backward(model(x).sum());
+  }
+  std::ofstream(job_dir() / ("bytes_rank" + std::to_string(acc.process_index())))
+      << acc.stats().gradient_allreduce.bytes;
+  return 0;
+}
+
+TEST(AccumulationTwoRanks, NoSyncCommunicatesOneNthOfTheBytes) {
+  auto read = [](const accelerate::testing::JobResult& job) {
+    uint64_t bytes = 0;
+    std::ifstream(job.dir / "bytes_rank0") >> bytes;
+    return bytes;
+  };
+  auto accumulated = run_job("no_sync_bytes", {.world_size = 2});
+  auto every = run_job("no_sync_bytes", {.world_size = 2, .args = {"every"}});
+  ASSERT_EQ(accumulated.exit_code, 0) << accumulated.logs();
+  ASSERT_EQ(every.exit_code, 0) << every.logs();
+  EXPECT_GT(read(accumulated), 0u);
+  EXPECT_EQ(read(accumulated) * 8, read(every));
+}
+
+}  // namespace
