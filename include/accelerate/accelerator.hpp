@@ -669,18 +669,12 @@ class Accelerator {
                        ">: needs a CUDA device, but none is visible");
     }
     if constexpr (precision_policy::autocast) {
-      // Accelerate silently drops fp16 on the CPU; we refuse instead. Probing the device's
-      // autocast with the policy's dtype is the check LibTorch itself applies.
-      const auto type = core_.device.type();
-      const auto previous = compat::autocast_dtype(type);
-      try {
-        compat::set_autocast_dtype(type, precision_policy::dtype);
-      } catch (const std::exception& e) {
-        detail::fail("Accelerator: mixed precision '", precision_policy::name,
-                     "' is not supported by autocast on ", core_.device, " in this LibTorch (",
-                     e.what(), "); choose another Precision policy");
-      }
-      compat::set_autocast_dtype(type, previous);
+      // Accelerate silently drops fp16 on the CPU; we refuse a dtype the device's autocast
+      // cannot compute in instead of training in another precision than the one asked for.
+      ACCELERATE_CHECK(compat::autocast_supports(core_.device.type(), precision_policy::dtype),
+                       "Accelerator: mixed precision '", precision_policy::name,
+                       "' is not supported by autocast on ", core_.device,
+                       " with LibTorch ", compat::torch_version, "; choose another Precision policy");
     }
   }
 

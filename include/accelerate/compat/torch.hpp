@@ -53,6 +53,15 @@ inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
 }
 #endif
 
+/// Whether autocast on `device` computes in `dtype`: CUDA does half and bfloat16; the CPU
+/// bfloat16 and, since 2.2, half. LibTorch's C++ setters do not check this themselves.
+inline bool autocast_supports(c10::DeviceType device, c10::ScalarType dtype) {
+  if (dtype == c10::ScalarType::BFloat16) return true;
+  if (dtype != c10::ScalarType::Half) return false;
+  if (device == c10::DeviceType::CUDA) return true;
+  return TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2);
+}
+
 inline int autocast_increment_nesting() { return at::autocast::increment_nesting(); }
 inline int autocast_decrement_nesting() { return at::autocast::decrement_nesting(); }
 inline void autocast_clear_cache() { at::autocast::clear_cache(); }

@@ -82,6 +82,8 @@ template <class ModelSync>
 class [[maybe_unused]] NoSyncScope<ModelSync, 0> {
  public:
   explicit constexpr NoSyncScope(std::array<ModelSync*, 0>) noexcept {}
+  // User-provided (and empty), so that an unused scope variable draws no warning.
+  ~NoSyncScope() {}
 };
 
 }  // namespace accelerate

@@ -47,6 +47,8 @@ template <PrecisionPolicy P>
 class [[maybe_unused]] AutocastScope<P, false> {
  public:
   explicit constexpr AutocastScope(c10::DeviceType) noexcept {}
+  // User-provided (and empty), so that an unused scope variable draws no warning.
+  ~AutocastScope() {}
 };
 
 }  // namespace accelerate
