@@ -4,6 +4,7 @@
 #pragma once
 
 #include <accelerate/accelerator.hpp>
+#include <accelerate/checkpoint/reflect.hpp>
 #include <accelerate/data/idx.hpp>
 #include <accelerate/data/tensor_dataset.hpp>
 #include <accelerate/distributed/process_group.hpp>

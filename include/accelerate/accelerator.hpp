@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -27,6 +28,8 @@
 
 #include <accelerate/amp/grad_scaler.hpp>
 #include <accelerate/checkpoint/module_state.hpp>
+#include <accelerate/checkpoint/sharding.hpp>
+#include <accelerate/checkpoint/state.hpp>
 #include <accelerate/checkpoint/stateful.hpp>
 #include <accelerate/data/batch.hpp>
 #include <accelerate/data/loader.hpp>
@@ -57,14 +60,6 @@ namespace detail {
 
 /// Stands in for a member a policy does not need; [[no_unique_address]] makes it free.
 struct Empty {};
-
-/// What save_state/load_state visit: one entry per prepared or registered object.
-struct CheckpointEntry {
-  enum class Kind { model, optimizer, scheduler, dataloader, custom };
-  Kind kind;
-  std::function<StateDict()> save;
-  std::function<void(const StateDict&)> load;
-};
 
 /// State every Accelerator has, whatever its policies.
 struct CoreState {
@@ -348,6 +343,46 @@ class Accelerator {
     }
   }
 
+  // ---------------------------------------------------------------------------------------
+  // Checkpoints.
+
+  /// Saves the whole training state: prepared models, optimizers, schedulers and dataloader
+  /// positions, the grad scaler, every rank's RNGs and micro-step counter, and registered
+  /// objects (Accelerate's file names; safetensors and JSON, no pickle). Without `dir`, writes
+  /// project_dir/checkpoints/checkpoint_<iteration> and keeps at most total_limit of them. The
+  /// folder appears only once complete (staged, fsynced, renamed), so a crash never leaves a
+  /// half-written checkpoint or costs the previous one. Every rank must call it. Returns the
+  /// folder.
+  /// Example:
+  ///   acc.save_state();                 // automatic naming (ProjectConfiguration)
+  ///   acc.save_state("runs/a/state");   // a folder of your choice
+  std::filesystem::path save_state(const std::optional<std::filesystem::path>& dir = std::nullopt) {
+    return checkpoint::save_state(state_sources(), core_.options.project, dir);
+  }
+
+  /// Restores what save_state() wrote; without `dir`, the latest complete automatic checkpoint.
+  /// The folder, every file's size and the run's shape (world size, number of models,
+  /// optimizers...) are checked before anything is loaded; errors name the file. Afterwards
+  /// each prepared dataloader resumes at the batch after the last one consumed, and automatic
+  /// numbering continues after the loaded checkpoint. Returns the folder loaded.
+  std::filesystem::path load_state(const std::optional<std::filesystem::path>& dir = std::nullopt) {
+    return checkpoint::load_state(state_sources(), core_.options.project, dir);
+  }
+
+  /// Writes a model's parameters and buffers (unwrapped names) as Hugging Face safetensors
+  /// into `dir`: model.safetensors, or shards of at most max_shard_size with
+  /// model.safetensors.index.json. The main process writes; every rank must call it.
+  /// Example:
+  ///   acc.save_model(model, "out", {.max_shard_size = "1GB"});
+  template <class Model>
+  void save_model(const Model& model, const std::filesystem::path& dir, const SaveModelOptions& options = {}) {
+    if (is_main_process()) checkpoint::write_model_files(module_of(model), dir, options);
+    wait_for_everyone();
+  }
+
+  /// The project configuration (checkpoint folder, numbering, rotation).
+  ProjectConfiguration& project_configuration() noexcept { return core_.options.project; }
+
   /// Every object save_state/load_state visit, in order (models, optimizers, ... as prepared).
   const std::vector<detail::CheckpointEntry>& checkpoint_entries() const noexcept {
     return core_.checkpoint;
@@ -585,10 +620,10 @@ class Accelerator {
     }
     if constexpr (precision_policy::uses_grad_scaler) precision_.scaler.unscale_(amp->params, *amp);
     if constexpr (clip_policy::kind == ClipKind::norm) {
-      clip_.last_norm = torch::nn::utils::clip_grad_norm_(checkpoint::detail::all_params(optimizer),
+      clip_.last_norm = torch::nn::utils::clip_grad_norm_(checkpoint::optimizer_detail::all_params(optimizer),
                                                           core_.options.max_norm, clip_policy::norm_type);
     } else if constexpr (clip_policy::kind == ClipKind::value) {
-      torch::nn::utils::clip_grad_value_(checkpoint::detail::all_params(optimizer),
+      torch::nn::utils::clip_grad_value_(checkpoint::optimizer_detail::all_params(optimizer),
                                          core_.options.clip_value);
     }
     if constexpr (precision_policy::uses_grad_scaler) {
@@ -658,6 +693,31 @@ class Accelerator {
   }
 
  private:
+  template <class Model>
+  static const torch::nn::Module& module_of(const Model& model) {
+    if constexpr (requires { model.unwrap(); }) return *detail::impl_pointer(model.unwrap());
+    else if constexpr (ModuleLike<Model>) return *detail::impl_pointer(model);
+    else return model;
+  }
+
+  checkpoint::StateSources state_sources() {
+    return {&core_.checkpoint,
+            process_index(),
+            num_processes(),
+            fingerprint(core_.options),
+            [this] { return accumulation_state(); },
+            [this](const StateDict& s) { load_accumulation_state(s); },
+            [this]() -> std::optional<StateDict> {
+              if constexpr (precision_policy::uses_grad_scaler) return precision_.scaler.state_dict();
+              else return std::nullopt;
+            },
+            [this](const StateDict& s) {
+              if constexpr (precision_policy::uses_grad_scaler) precision_.scaler.load_state_dict(s);
+              else (void)s;
+            },
+            [this] { wait_for_everyone(); }};
+  }
+
   static const AcceleratorOptions& validated(const AcceleratorOptions& options) {
     detail::validate(options);
     return options;
@@ -712,7 +772,7 @@ class Accelerator {
            for (auto& [key, value] : checkpoint::named_tensors(*shared)) s.tensors[key] = value;
            return s;
          },
-         [shared](const StateDict& s) { checkpoint::load_named_tensors(*shared, s.tensors, "model state"); }});
+         [shared](const StateDict& s) { checkpoint::load_named_tensors(*shared, s.tensors, "the saved state"); }});
     return PreparedModel<Holder, Accelerator>(std::move(holder), this, std::move(sync));
   }
 
@@ -723,7 +783,7 @@ class Accelerator {
     optimizer_amp_slot amp{};
     if constexpr (precision_policy::uses_grad_scaler) {
       amp = std::make_shared<OptimizerAmpState>();
-      amp->params = checkpoint::detail::all_params(*held);
+      amp->params = checkpoint::optimizer_detail::all_params(*held);
       precision_.optimizers.push_back(amp);
     }
     PreparedOptimizer<Optimizer, Accelerator> prepared(held, this, amp);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -56,10 +57,15 @@ inline LoadReport load_named_tensors(torch::nn::Module& module,
   std::map<std::string, at::Tensor> targets;
   for (auto& item : module.named_parameters(true)) targets.emplace(item.key(), item.value());
   for (auto& item : module.named_buffers(true)) targets.emplace(item.key(), item.value());
+  // Tied weights are saved once (under the first name); an alias sharing storage with a
+  // tensor the state provides is not missing.
+  std::set<const void*> provided_storage;
+  for (const auto& [name, target] : targets)
+    if (state.count(name)) provided_storage.insert(target.storage().data());
   for (const auto& [name, target] : targets) {
     const auto it = state.find(name);
     if (it == state.end()) {
-      report.missing_keys.push_back(name);
+      if (!provided_storage.count(target.storage().data())) report.missing_keys.push_back(name);
     } else if (it->second.sizes() != target.sizes() ||
                it->second.scalar_type() != target.scalar_type()) {
       std::ostringstream m;

@@ -22,7 +22,7 @@
 
 namespace accelerate::checkpoint {
 
-namespace detail {
+namespace optimizer_detail {
 
 // Field tables: each optimizer type's per-parameter tensors, per-parameter integers and
 // hyperparameters, so that saving and loading read the same list.
@@ -155,20 +155,20 @@ inline std::vector<at::Tensor> all_params(const torch::optim::Optimizer& optimiz
   return params;
 }
 
-}  // namespace detail
+}  // namespace optimizer_detail
 
 /// The optimizer's state: `values` = {"type", "param_groups": [{hyperparameters, "params":
 /// [indices]}], "state": {"<i>": {"step": n}}}, `tensors` = {"state.<i>.<name>": tensor}.
 inline StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
   StateDict out;
-  detail::with_state_type(optimizer, [&]<class State>() {
-    using Fields = detail::ParamStateFields<State>;
+  optimizer_detail::with_state_type(optimizer, [&]<class State>() {
+    using Fields = optimizer_detail::ParamStateFields<State>;
     out.values["type"] = Fields::name;
     nlohmann::json groups = nlohmann::json::array();
     nlohmann::json states = nlohmann::json::object();
     std::size_t index = 0;
     for (auto& group : optimizer.param_groups()) {
-      nlohmann::json g = detail::options_to_json(group.options());
+      nlohmann::json g = optimizer_detail::options_to_json(group.options());
       nlohmann::json indices = nlohmann::json::array();
       for (auto& p : group.params()) {
         const std::string key = std::to_string(index);
@@ -197,8 +197,8 @@ inline StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
 /// Restores what optimizer_state_dict() produced into an optimizer built over the same
 /// parameters in the same order. Tensors are copied to each parameter's device.
 inline void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& saved) {
-  detail::with_state_type(optimizer, [&]<class State>() {
-    using Fields = detail::ParamStateFields<State>;
+  optimizer_detail::with_state_type(optimizer, [&]<class State>() {
+    using Fields = optimizer_detail::ParamStateFields<State>;
     const auto type = saved.value<std::string>("type");
     ACCELERATE_CHECK(type == Fields::name, "optimizer state: saved by a ", type,
                      " optimizer, loading into a ", Fields::name);
@@ -213,7 +213,7 @@ inline void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const 
                        "optimizer state: param group ", gi, " saved with ",
                        groups[gi].at("params").size(), " parameters, the optimizer has ",
                        group.params().size());
-      detail::options_from_json(group.options(), groups[gi]);
+      optimizer_detail::options_from_json(group.options(), groups[gi]);
       for (auto& p : group.params()) {
         const std::string key = std::to_string(index++);
         const auto& states = saved.values.at("state");

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <concepts>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -37,6 +38,19 @@ struct StateDict {
 /// <accelerate/checkpoint/reflect.hpp> does so for every Boost.Hana adapted struct.
 template <class T, class Enable = void>
 struct checkpoint_adapter {};
+
+namespace detail {
+
+/// One object save_state/load_state visit: a prepared model, optimizer, scheduler or
+/// dataloader, or a registered object, with how to read and restore its state.
+struct CheckpointEntry {
+  enum class Kind { model, optimizer, scheduler, dataloader, custom };
+  Kind kind;
+  std::function<StateDict()> save;
+  std::function<void(const StateDict&)> load;
+};
+
+}  // namespace detail
 
 /// An object that saves and restores itself through a StateDict.
 template <class T>

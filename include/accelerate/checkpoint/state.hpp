@@ -1,0 +1,303 @@
+// save_state / load_state: the whole training state in Accelerate's file layout, with tensors in
+// safetensors and everything else in JSON (no pickle), written into a staging folder and
+// published atomically; load_state() with no folder finds the latest complete checkpoint.
+//
+// Layout of a checkpoint folder (Accelerate's names, our formats):
+//   model.safetensors, model_1.safetensors ...        prepared models (Hugging Face format)
+//   optimizer.{safetensors,json}, optimizer_1...      optimizer state and param groups
+//   scheduler.json, scheduler_1.json ...              scheduler step counts
+//   dl_state_dict.json, dl_state_dict_1.json ...      dataloader positions
+//   scaler.json                                       grad scaler (Fp16)
+//   random_states_<rank>.{safetensors,json}           each rank's RNGs and micro-step counter
+//   custom_checkpoint_<i>.{safetensors,json}          register_for_checkpointing objects
+//   accelerate_state.json                             manifest, written last
+#pragma once
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <accelerate/checkpoint/atomic_dir.hpp>
+#include <accelerate/checkpoint/project.hpp>
+#include <accelerate/checkpoint/safetensors.hpp>
+#include <accelerate/checkpoint/stateful.hpp>
+#include <accelerate/detail/check.hpp>
+#include <accelerate/random.hpp>
+#include <accelerate/version.hpp>
+
+namespace accelerate::checkpoint {
+
+/// Format tag of the manifest; bumped when the layout changes incompatibly.
+inline constexpr const char* state_format = "accelerate-cpp/state/1";
+
+/// Accelerate's file stem for the index-th object of a kind ("model", "model_1",
+/// "dl_state_dict", "custom_checkpoint_0" ...).
+inline std::string state_stem(detail::CheckpointEntry::Kind kind, std::size_t index) {
+  using Kind = detail::CheckpointEntry::Kind;
+  const auto numbered = [&](const char* base) {
+    return index == 0 ? std::string(base) : std::string(base) + "_" + std::to_string(index);
+  };
+  switch (kind) {
+    case Kind::model: return numbered("model");
+    case Kind::optimizer: return numbered("optimizer");
+    case Kind::scheduler: return numbered("scheduler");
+    case Kind::dataloader: return numbered("dl_state_dict");
+    case Kind::custom: return "custom_checkpoint_" + std::to_string(index);
+  }
+  return "unknown";
+}
+
+inline const char* kind_name(detail::CheckpointEntry::Kind kind) {
+  using Kind = detail::CheckpointEntry::Kind;
+  switch (kind) {
+    case Kind::model: return "model";
+    case Kind::optimizer: return "optimizer";
+    case Kind::scheduler: return "scheduler";
+    case Kind::dataloader: return "dataloader";
+    case Kind::custom: return "custom";
+  }
+  return "unknown";
+}
+
+/// Writes `json` to `path` and fsyncs it.
+inline void write_json_file(const std::filesystem::path& path, const nlohmann::json& json) {
+  {
+    std::ofstream out(path);
+    out << json.dump(2) << '\n';
+    out.flush();
+    ACCELERATE_CHECK(out.good(), "checkpoint: writing ", path.string(), " failed (disk full?)");
+  }
+  fsync_path(path);
+}
+
+/// Reads a JSON file; a missing or malformed file is an error naming it.
+inline nlohmann::json read_json_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  ACCELERATE_CHECK(in.good(), "checkpoint: cannot read ", path.string());
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    detail::fail("checkpoint: ", path.string(), " is not valid JSON (", e.what(), ")");
+  }
+}
+
+/// Writes a StateDict as `<stem>.safetensors` (its tensors, when any) and `<stem>.json` (its
+/// values, when any, or when there are no tensors).
+inline void write_state_files(const std::filesystem::path& dir, const std::string& stem,
+                              const StateDict& state,
+                              const std::map<std::string, std::string>& metadata = {}) {
+  if (!state.tensors.empty()) save_safetensors(dir / (stem + ".safetensors"), state.tensors, metadata);
+  if (!state.values.empty() || state.tensors.empty()) write_json_file(dir / (stem + ".json"), state.values);
+}
+
+/// Reads what write_state_files() wrote.
+inline StateDict read_state_files(const std::filesystem::path& dir, const std::string& stem) {
+  StateDict state;
+  const auto tensors = dir / (stem + ".safetensors");
+  const auto values = dir / (stem + ".json");
+  ACCELERATE_CHECK(std::filesystem::exists(tensors) || std::filesystem::exists(values), "load_state: ",
+                   dir.string(), " has neither ", stem, ".safetensors nor ", stem, ".json");
+  if (std::filesystem::exists(tensors)) state.tensors = SafetensorsFile::open(tensors).tensors();
+  if (std::filesystem::exists(values)) state.values = read_json_file(values);
+  return state;
+}
+
+/// This process's generators (CPU, then each CUDA device) as tensors.
+inline StateDict rng_state() {
+  StateDict state;
+  auto generators = detail::all_generators();
+  for (std::size_t i = 0; i < generators.size(); ++i) {
+    std::lock_guard<std::mutex> lock(generators[i].mutex());
+    state.tensors[i == 0 ? "cpu" : "cuda_" + std::to_string(i - 1)] = generators[i].get_state();
+  }
+  return state;
+}
+
+/// Restores rng_state(); generators the checkpoint lacks (a GPU count that changed) are an
+/// error rather than silently left as they are.
+inline void load_rng_state(const StateDict& state, const std::string& file) {
+  auto generators = detail::all_generators();
+  for (std::size_t i = 0; i < generators.size(); ++i) {
+    const std::string key = i == 0 ? "cpu" : "cuda_" + std::to_string(i - 1);
+    const auto it = state.tensors.find(key);
+    ACCELERATE_CHECK(it != state.tensors.end(), "load_state: ", file, " has no state for generator '",
+                     key, "' (saved with fewer CUDA devices?)");
+    std::lock_guard<std::mutex> lock(generators[i].mutex());
+    generators[i].set_state(it->second.clone());
+  }
+}
+
+/// What the accelerator hands to save_state/load_state.
+struct StateSources {
+  const std::vector<detail::CheckpointEntry>* entries;
+  int rank;
+  int world_size;
+  std::string configuration;                          // compile-time fingerprint
+  std::function<StateDict()> save_accumulation;       // micro-step counter
+  std::function<void(const StateDict&)> load_accumulation;
+  std::function<std::optional<StateDict>()> save_scaler;  // nullopt without a grad scaler
+  std::function<void(const StateDict&)> load_scaler;
+  std::function<void()> barrier;
+};
+
+/// The folder save_state() writes: `dir` when given, else the next automatic checkpoint.
+inline std::filesystem::path state_target(const ProjectConfiguration& project,
+                                          const std::optional<std::filesystem::path>& dir) {
+  if (dir) return *dir;
+  ACCELERATE_CHECK(project.automatic_checkpoint_naming, "save_state: no folder given, and "
+                   "ProjectConfiguration::automatic_checkpoint_naming is off (give a folder or turn it on)");
+  return project.project_dir / "checkpoints" / ("checkpoint_" + std::to_string(project.iteration));
+}
+
+/// Writes every object's state into a staging folder, then (main process) the manifest, and
+/// publishes the folder atomically; rotates old automatic checkpoints after that, so a crash
+/// never costs a complete checkpoint. Collective: every rank calls it.
+inline std::filesystem::path save_state(const StateSources& src, ProjectConfiguration& project,
+                                        const std::optional<std::filesystem::path>& dir) {
+  namespace fs = std::filesystem;
+  const fs::path target = state_target(project, dir);
+  const bool main = src.rank == 0;
+  if (main) {
+    ACCELERATE_CHECK(dir || !fs::exists(target), "save_state: ", target.string(), " already exists; set "
+                     "ProjectConfiguration::iteration past it");
+    fs::create_directories(target.parent_path().empty() ? fs::path(".") : target.parent_path());
+    begin_staging(target);
+  }
+  src.barrier();
+  const fs::path staging = staging_path(target);
+
+  std::map<detail::CheckpointEntry::Kind, std::size_t> counts;
+  if (main) {
+    for (const auto& entry : *src.entries) {
+      const std::string stem = state_stem(entry.kind, counts[entry.kind]++);
+      const bool model = entry.kind == detail::CheckpointEntry::Kind::model;
+      write_state_files(staging, stem, entry.save(),
+                        model ? std::map<std::string, std::string>{{"format", "pt"}}
+                              : std::map<std::string, std::string>{});
+    }
+    if (auto scaler = src.save_scaler()) write_state_files(staging, "scaler", *scaler);
+  }
+  StateDict per_rank = rng_state();
+  per_rank.values = src.save_accumulation().values;
+  write_state_files(staging, "random_states_" + std::to_string(src.rank), per_rank);
+  src.barrier();
+
+  if (main) {
+    nlohmann::json files = nlohmann::json::object();
+    for (const auto& file : fs::directory_iterator(staging))
+      files[file.path().filename().string()] = fs::file_size(file.path());
+    nlohmann::json objects = nlohmann::json::object();
+    for (const auto& [kind, n] : counts) objects[kind_name(kind)] = n;
+    write_json_file(staging / std::string(manifest_name),
+                    {{"format", state_format},
+                     {"library", std::string("accelerate-cpp ") + version_string},
+                     {"world_size", src.world_size},
+                     {"configuration", src.configuration},
+                     {"objects", objects},
+                     {"files", files}});
+    commit_staging(target);
+    if (!dir && project.total_limit) {
+      auto complete = list_checkpoints(project.project_dir / "checkpoints");
+      for (std::size_t i = 0; i + *project.total_limit < complete.size(); ++i)
+        fs::remove_all(complete[i].second);
+    }
+  }
+  src.barrier();
+  ++project.iteration;
+  return target;
+}
+
+/// The latest complete automatic checkpoint, or an error naming where it looked.
+inline std::filesystem::path latest_checkpoint(const ProjectConfiguration& project) {
+  ACCELERATE_CHECK(project.automatic_checkpoint_naming, "load_state: no folder given, and "
+                   "ProjectConfiguration::automatic_checkpoint_naming is off");
+  const auto base = project.project_dir / "checkpoints";
+  const auto complete = list_checkpoints(base);
+  ACCELERATE_CHECK(!complete.empty(), "load_state: no complete checkpoint under ", base.string());
+  return complete.back().second;
+}
+
+/// Restores what save_state() wrote, checking first that the folder is complete, that every
+/// file has the size the manifest recorded, and that the run matches (world size, number of
+/// objects of each kind). Errors name the file and the problem.
+inline std::filesystem::path load_state(const StateSources& src, ProjectConfiguration& project,
+                                        const std::optional<std::filesystem::path>& dir) {
+  namespace fs = std::filesystem;
+  const fs::path source = dir ? *dir : latest_checkpoint(project);
+  ACCELERATE_CHECK(fs::is_directory(source), "load_state: ", source.string(), " is not a folder");
+  const fs::path manifest_path = source / std::string(manifest_name);
+  ACCELERATE_CHECK(fs::exists(manifest_path), "load_state: ", source.string(), " is not a complete checkpoint (",
+                   manifest_name, " is missing; an interrupted save?)");
+  const auto manifest = read_json_file(manifest_path);
+  try {
+    ACCELERATE_CHECK(manifest.value("format", "") == state_format, "load_state: ", manifest_path.string(),
+                     ": format '", manifest.value("format", ""), "', expected '", state_format, "'");
+    const int saved_world = manifest.at("world_size").get<int>();
+    ACCELERATE_CHECK(saved_world == src.world_size, "load_state: ", source.string(), " was saved by ",
+                     saved_world, " process(es); this run has ", src.world_size,
+                     " (per-rank RNG states and data shards would not match)");
+    for (const auto& [name, size] : manifest.at("files").items()) {
+      const fs::path file = source / name;
+      ACCELERATE_CHECK(fs::exists(file), "load_state: ", file.string(), " is listed in the manifest but missing");
+      ACCELERATE_CHECK(fs::file_size(file) == size.get<std::uintmax_t>(), "load_state: ", file.string(),
+                       " has ", fs::file_size(file), " bytes, the manifest recorded ", size.get<std::uintmax_t>(),
+                       " (truncated or replaced?)");
+    }
+    std::map<detail::CheckpointEntry::Kind, std::size_t> here;
+    for (const auto& entry : *src.entries) ++here[entry.kind];
+    const auto& saved = manifest.at("objects");
+    using Kind = detail::CheckpointEntry::Kind;
+    for (const Kind kind : {Kind::model, Kind::optimizer, Kind::scheduler, Kind::dataloader, Kind::custom}) {
+      const auto n = saved.value(kind_name(kind), std::size_t{0});
+      ACCELERATE_CHECK(n == here[kind], "load_state: ", source.string(), " holds ", n, " ", kind_name(kind),
+                       " state(s); this accelerator has ", here[kind],
+                       " (prepare and register the same objects as the run that saved it)");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    detail::fail("load_state: ", manifest_path.string(), " is malformed (", e.what(), ")");
+  }
+
+  std::map<detail::CheckpointEntry::Kind, std::size_t> counts;
+  for (const auto& entry : *src.entries) {
+    const std::string stem = state_stem(entry.kind, counts[entry.kind]++);
+    // Errors name the file(s) the object was read from.
+    const bool tensors = fs::exists(source / (stem + ".safetensors"));
+    const bool values = fs::exists(source / (stem + ".json"));
+    const std::string files = (source / stem).string() +
+                              (tensors && values ? ".{safetensors,json}" : tensors ? ".safetensors" : ".json");
+    try {
+      entry.load(read_state_files(source, stem));
+    } catch (const Error& e) {
+      detail::fail("load_state: ", files, ": ", e.what());
+    } catch (const nlohmann::json::exception& e) {
+      detail::fail("load_state: ", files, ": unexpected content (", e.what(), ")");
+    }
+  }
+  if (src.save_scaler()) src.load_scaler(read_state_files(source, "scaler"));
+  const std::string rng_stem = "random_states_" + std::to_string(src.rank);
+  const StateDict per_rank = read_state_files(source, rng_stem);
+  load_rng_state(per_rank, (source / rng_stem).string());
+  src.load_accumulation(per_rank);
+
+  // Continue numbering after the loaded checkpoint (Accelerate leaves `iteration` behind and
+  // the next save collides).
+  if (project.automatic_checkpoint_naming) {
+    if (const auto n = checkpoint_number(source.filename().string()))
+      project.iteration = std::max(project.iteration, *n + 1);
+  }
+  return source;
+}
+
+}  // namespace accelerate::checkpoint
