@@ -21,14 +21,23 @@ struct Args {
   std::uint64_t seed = 42;
   std::string data = accelerate::data::fashion_mnist_default_dir.string();
   bool progress = true;
+  std::string project_dir;  // checkpoint every epoch here; the final model in <dir>/model
+  bool resume = false;      // continue from the latest checkpoint in project_dir
   accelerate::RunConfig run;  // precision, accumulation, clipping, processes
+};
+
+// Counters that survive a resume: saved with the training state through Boost.Hana.
+struct Progress {
+  std::int64_t micro_steps = 0;
+  std::int64_t optimizer_steps = 0;
+  double last_epoch_loss = 0.0;
 };
 
 [[noreturn]] void usage(const std::string& problem) {
   std::cerr << "fashion_mnist: " << problem << "\n"
             << "usage: fashion_mnist [--nproc N] [--epochs N] [--batch-size N] [--lr X] [--seed N]\n"
             << "                     [--data DIR] [--precision fp32|bf16|fp16] [--accum K]\n"
-            << "                     [--clip-norm X] [--no-progress]\n";
+            << "                     [--clip-norm X] [--project-dir DIR [--resume]] [--no-progress]\n";
   std::exit(2);
 }
 
@@ -49,6 +58,8 @@ Args parse(int argc, char** argv) {
       else if (flag == "--seed") a.seed = std::stoull(value());
       else if (flag == "--data") a.data = value();
       else if (flag == "--no-progress") a.progress = false;
+      else if (flag == "--project-dir") a.project_dir = value();
+      else if (flag == "--resume") a.resume = true;
       else if (flag == "--accum") a.run.gradient_accumulation_steps = std::stoul(value());
       else if (flag == "--clip-norm") a.run.max_grad_norm = std::stod(value());
       else if (flag == "--precision") {
@@ -62,8 +73,15 @@ Args parse(int argc, char** argv) {
   }
   if (a.epochs < 1 || a.batch_size < 1 || !(a.lr > 0) || a.run.gradient_accumulation_steps < 1)
     usage("--epochs, --batch-size, --lr and --accum must be positive");
+  if (a.resume && a.project_dir.empty()) usage("--resume needs --project-dir");
   return a;
 }
+
+}  // namespace
+
+BOOST_HANA_ADAPT_STRUCT(Progress, micro_steps, optimizer_steps, last_epoch_loss);
+
+namespace {
 
 /// A small CNN: two 5x5 convolutions with max pooling, then a linear classifier.
 struct ClassifierImpl : torch::nn::Module {
@@ -84,7 +102,10 @@ TORCH_MODULE(Classifier);
 template <class Acc>
 int train(const Args& args) {
   const auto start = std::chrono::steady_clock::now();
-  Acc acc{args.run.apply({.seed = args.seed})};
+  accelerate::AcceleratorOptions options{.seed = args.seed};
+  if (!args.project_dir.empty())
+    options.project = {.project_dir = args.project_dir, .automatic_checkpoint_naming = true, .total_limit = 2};
+  Acc acc{args.run.apply(options)};
   const auto train_set = accelerate::data::load_fashion_mnist(args.data, /*train=*/true);
   const auto test_set = accelerate::data::load_fashion_mnist(args.data, /*train=*/false);
 
@@ -93,9 +114,10 @@ int train(const Args& args) {
   auto [model, optimizer, train_loader, test_loader] = acc.prepare(
       net, adam, accelerate::DataLoader(train_set, {.batch_size = args.batch_size, .shuffle = true}),
       accelerate::DataLoader(test_set, {.batch_size = 256}));
+  Progress progress;
+  acc.register_for_checkpointing(progress);
+  if (args.resume) acc.print("resuming from", acc.load_state().string());
 
-  std::size_t micro_steps = 0, optimizer_steps = 0;
-  double last_epoch_loss = 0.0;
   for (int epoch = static_cast<int>(train_loader.epoch()); epoch < args.epochs; ++epoch) {
     model->train();
     accelerate::ProgressBar bar(train_loader.size(),
@@ -109,16 +131,18 @@ int train(const Args& args) {
       acc.backward(loss);
       optimizer.step();
       optimizer.zero_grad();
-      ++micro_steps;
-      if (step.sync_gradients() && !acc.optimizer_step_was_skipped()) ++optimizer_steps;
+      ++progress.micro_steps;
+      if (step.sync_gradients() && !acc.optimizer_step_was_skipped()) ++progress.optimizer_steps;
       loss_sum += loss.detach().to(torch::kDouble).cpu();
       ++batches;
       bar.update(loss.template item<double>());
     }
     bar.close();
-    last_epoch_loss = acc.reduce(loss_sum, accelerate::Reduction::mean).template item<double>() /
-                      static_cast<double>(batches);
+    progress.last_epoch_loss = acc.reduce(loss_sum, accelerate::Reduction::mean).template item<double>() /
+                               static_cast<double>(batches);
+    if (!args.project_dir.empty()) acc.save_state();
   }
+  if (!args.project_dir.empty()) acc.save_model(model, std::filesystem::path(args.project_dir) / "model");
 
   model->eval();
   torch::NoGradGuard no_grad;
@@ -138,10 +162,10 @@ int train(const Args& args) {
         {"precision", std::string(acc.mixed_precision())},
         {"accum", acc.gradient_accumulation_steps()},
         {"epochs", args.epochs},
-        {"micro_steps", micro_steps},
-        {"optimizer_steps", optimizer_steps},
+        {"micro_steps", progress.micro_steps},
+        {"optimizer_steps", progress.optimizer_steps},
         {"allreduce_calls", acc.stats().allreduce.calls},
-        {"train_loss", last_epoch_loss},
+        {"train_loss", progress.last_epoch_loss},
         {"test_samples", total},
         {"test_accuracy", static_cast<double>(correct) / static_cast<double>(total)},
         {"seconds", seconds},

@@ -8,7 +8,8 @@ using Acc = accelerate::Accelerator<accelerate::Gloo, accelerate::Bf16,
 
 int main(int argc, char** argv) {
   return accelerate::launch(argc, argv, [](int, char**) {  // --nproc N starts N processes
-    Acc acc{{.seed = 42, .max_norm = 1.0}};
+    Acc acc{{.seed = 42, .max_norm = 1.0,
+             .project = {.project_dir = "minimal_run", .automatic_checkpoint_naming = true, .total_limit = 2}}};
     torch::nn::Sequential net(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 1));
     torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-2));
     torch::optim::StepLR scheduler(optimizer, /*step_size=*/20, /*gamma=*/0.5);
@@ -25,7 +26,9 @@ int main(int argc, char** argv) {
         opt.step(); sched.step(); opt.zero_grad();    // no-ops on non-sync micro-steps
       }
       acc.print("epoch", epoch, "last window's gradient norm", acc.last_grad_norm());
+      acc.save_state();                               // minimal_run/checkpoints/checkpoint_<n>
     }
+    acc.save_model(model, "minimal_run/model", {.max_shard_size = "1GB"});
     return 0;
   });
 }

@@ -152,13 +152,19 @@ struct StateSources {
   std::function<void()> barrier;
 };
 
-/// The folder save_state() writes: `dir` when given, else the next automatic checkpoint.
-inline std::filesystem::path state_target(const ProjectConfiguration& project,
+/// The folder save_state() writes: `dir` when given, else the next automatic checkpoint. The
+/// number skips past checkpoints already in the folder (a new run in an old project), so an
+/// automatic save never collides with or overwrites one (Accelerate raises instead).
+inline std::filesystem::path state_target(ProjectConfiguration& project,
                                           const std::optional<std::filesystem::path>& dir) {
   if (dir) return *dir;
   ACCELERATE_CHECK(project.automatic_checkpoint_naming, "save_state: no folder given, and "
                    "ProjectConfiguration::automatic_checkpoint_naming is off (give a folder or turn it on)");
-  return project.project_dir / "checkpoints" / ("checkpoint_" + std::to_string(project.iteration));
+  const auto base = project.project_dir / "checkpoints";
+  for (const auto& [number, path] : list_checkpoints(base))
+    project.iteration = std::max(project.iteration, number + 1);
+  while (std::filesystem::exists(base / ("checkpoint_" + std::to_string(project.iteration)))) ++project.iteration;
+  return base / ("checkpoint_" + std::to_string(project.iteration));
 }
 
 /// Writes every object's state into a staging folder, then (main process) the manifest, and
@@ -170,8 +176,6 @@ inline std::filesystem::path save_state(const StateSources& src, ProjectConfigur
   const fs::path target = state_target(project, dir);
   const bool main = src.rank == 0;
   if (main) {
-    ACCELERATE_CHECK(dir || !fs::exists(target), "save_state: ", target.string(), " already exists; set "
-                     "ProjectConfiguration::iteration past it");
     fs::create_directories(target.parent_path().empty() ? fs::path(".") : target.parent_path());
     begin_staging(target);
   }

@@ -1,0 +1,33 @@
+# The example's resume is exact (cmake -P): 2 epochs straight, and 1 epoch + --resume for the
+# second, print the same JSON (apart from "seconds") and write byte-identical models.
+#   -DEXE=<fashion_mnist> -DWORK=<scratch folder> [-DEXTRA="--nproc;2"]
+cmake_minimum_required(VERSION 3.25)
+file(REMOVE_RECURSE "${WORK}")
+
+function(run out_json)
+  execute_process(COMMAND ${EXE} --no-progress ${EXTRA} ${ARGN}
+                  OUTPUT_VARIABLE output ERROR_VARIABLE errors RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${EXE} ${ARGN} failed (${rc}):\n${output}\n${errors}")
+  endif()
+  string(STRIP "${output}" output)
+  string(REGEX REPLACE ".*\n" "" last "${output}")
+  message(STATUS "${last}")
+  string(JSON last REMOVE "${last}" seconds)
+  set(${out_json} "${last}" PARENT_SCOPE)
+endfunction()
+
+run(straight --epochs 2 --project-dir "${WORK}/straight")
+run(first --epochs 1 --project-dir "${WORK}/resumed")
+run(resumed --epochs 2 --project-dir "${WORK}/resumed" --resume)
+if(NOT straight STREQUAL resumed)
+  message(FATAL_ERROR "resumed run differs:\n${straight}\n${resumed}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files
+                "${WORK}/straight/model/model.safetensors" "${WORK}/resumed/model/model.safetensors"
+                RESULT_VARIABLE different)
+if(different)
+  message(FATAL_ERROR "the resumed model differs from the uninterrupted one")
+endif()
+file(REMOVE_RECURSE "${WORK}")
+message(STATUS "resume is exact")
