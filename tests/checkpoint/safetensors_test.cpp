@@ -93,7 +93,9 @@ TEST(SaveModel, ATensorLargerThanTheCapGetsAShardOfItsOwn) {
   const auto& map = index["weight_map"];
   const std::string first = map["big.weight"];
   for (const auto& [name, file] : map.items()) {
-    if (name != "big.weight") EXPECT_NE(file.get<std::string>(), first) << name;
+    if (name != "big.weight") {
+      EXPECT_NE(file.get<std::string>(), first) << name;
+    }
   }
   std::uint64_t total = 0;
   for (const auto& [name, t] : accelerate::checkpoint::named_tensors(*net)) total += t.numel() * t.element_size();
