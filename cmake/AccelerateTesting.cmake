@@ -34,7 +34,7 @@ function(accelerate_compile_fail case)
     add_library(${target} OBJECT EXCLUDE_FROM_ALL ${CMAKE_CURRENT_SOURCE_DIR}/compile_fail/${case}_${kind}.cpp)
     accelerate_use_pch(${target})
     add_test(NAME compile_fail.${case}.${kind}
-             COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target ${target})
+             COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target ${target} -j 1)
     set_tests_properties(compile_fail.${case}.${kind} PROPERTIES
       LABELS ${ARG_LABEL} RESOURCE_LOCK build_tree TIMEOUT 300)
   endforeach()

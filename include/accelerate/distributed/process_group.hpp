@@ -73,11 +73,16 @@ class ProcessGroupEngine {
     if (!env_.launched()) return;
     std::ostringstream description;
     description << fingerprint << " world_size=" << env_.world_size;
-    store_ = rendezvous(env_, timeout_, description.str());
-    auto backend = Factory::create(compat::make_prefix_store("accelerate/pg/0", store_), env_, options);
+    // One store per process, kept for its lifetime: a later Accelerator in the same program
+    // (ranks create them in the same order) rendezvous under its own key prefix instead of
+    // racing a peer's not-yet-closed server on the same port.
+    const auto [store, generation] = process_store(env_, timeout_);
+    store_ = compat::make_prefix_store("accelerate/" + std::to_string(generation), store);
+    rendezvous_in(*store_, env_, timeout_, description.str());
+    auto backend = Factory::create(compat::make_prefix_store("pg", store_), env_, options);
     comm_ = std::make_shared<Communicator>(std::move(backend), env_.rank, env_.world_size);
     // Nobody leaves start-up (and may exit, taking rank 0's store with it) before all are in.
-    wait_for_all(*store_, "accelerate/ready", env_, "1", timeout_, "process group");
+    wait_for_all(*store_, "ready", env_, "1", timeout_, "process group");
   }
 
   int rank() const noexcept { return env_.rank; }
@@ -133,7 +138,7 @@ class ProcessGroupEngine {
       shapes << "] ";  // one field per tensor: no spaces inside
     }
     const std::string mine = shapes.str();
-    const std::string prefix = "accelerate/model/" + name;
+    const std::string prefix = "model/" + name;
     wait_for_all(*store_, prefix, env_, mine, timeout_, "model check");
     check_same_everywhere(*store_, prefix, env_, mine,
                           "prepare: " + name + " must have the same parameter names, dtypes and "

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <chrono>
+#include <map>
+#include <mutex>
+#include <utility>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -82,29 +85,39 @@ inline void check_same_everywhere(c10d::Store& store, const std::string& prefix,
   }
 }
 
-/// Connects to the rendezvous store of `env`, waits for every rank, and checks that each
-/// rank's `fingerprint` (compile-time policies and shared options) equals rank 0's.
-inline compat::StorePtr rendezvous(const ProcessEnvironment& env, std::chrono::milliseconds timeout,
-                                   const std::string& fingerprint) {
-  compat::StorePtr store;
-  try {
-    store = compat::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size,
-                                   timeout);
-  } catch (const std::exception& e) {
-    if (env.rank == 0) {
-      accelerate::detail::fail("rendezvous: rank 0 could not serve the store on ", env.master_addr,
-                               ":", env.master_port, " (port in use, or not this host's address?): ",
-                               e.what());
+/// The process's connection to the rendezvous store of `env` (rank 0 serves it), made on
+/// first use and kept for the process's lifetime, and the number of Accelerators that used it
+/// before (0 for the first). Failing to serve or to reach it is an error naming the address.
+inline std::pair<compat::StorePtr, int> process_store(const ProcessEnvironment& env,
+                                                      std::chrono::milliseconds timeout) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, int>, std::pair<compat::StorePtr, int>> stores;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& [store, uses] = stores[{env.master_addr, env.master_port}];
+  if (!store) {
+    try {
+      store = compat::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size, timeout);
+    } catch (const std::exception& e) {
+      if (env.rank == 0) {
+        accelerate::detail::fail("rendezvous: rank 0 could not serve the store on ", env.master_addr, ":",
+                                 env.master_port, " (port in use, or not this host's address?): ", e.what());
+      }
+      accelerate::detail::fail("rendezvous: rank ", env.rank, " could not reach rank 0's store at ",
+                               env.master_addr, ":", env.master_port, " within ", detail::seconds(timeout),
+                               " (is rank 0 running?): ", e.what());
     }
-    accelerate::detail::fail("rendezvous: rank ", env.rank, " could not reach rank 0's store at ",
-                             env.master_addr, ":", env.master_port, " within ",
-                             detail::seconds(timeout), " (is rank 0 running?): ", e.what());
   }
-  wait_for_all(*store, "accelerate/joined", env, fingerprint, timeout, "joining");
-  check_same_everywhere(*store, "accelerate/joined", env, fingerprint,
+  return {store, uses++};
+}
+
+/// Waits for every rank under `store` and checks that each rank's `fingerprint` (compile-time
+/// policies and shared options) equals every other's.
+inline void rendezvous_in(c10d::Store& store, const ProcessEnvironment& env, std::chrono::milliseconds timeout,
+                          const std::string& fingerprint) {
+  wait_for_all(store, "joined", env, fingerprint, timeout, "joining");
+  check_same_everywhere(store, "joined", env, fingerprint,
                         "rendezvous: ranks must be built with the same policies and started with "
                         "the same shared options");
-  return store;
 }
 
 }  // namespace accelerate::distributed

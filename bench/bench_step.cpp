@@ -1,0 +1,194 @@
+// bench_step: the price of the Accelerator on one process. The same model, data and optimizer
+// stepped by a hand-written LibTorch loop (BM_RawLoopStep), through Accelerator<>
+// (BM_AcceleratorStep), and through the same features switched off at run time behind
+// virtual calls and flags (BM_RuntimeDispatchStep), for a tiny model where bookkeeping
+// dominates and for an MNIST-sized MLP. Run with --benchmark_enable_random_interleaving=true
+// and repetitions so the sides alternate (bench/run_benchmarks.sh does).
+//
+//   bench_step --count-steps raw|accelerator N   run N tiny-model steps without Google
+//                                                Benchmark, for instruction counts
+//                                                (bench/instructions.sh)
+#include <accelerate/accelerate.hpp>
+
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct TinyImpl : torch::nn::Module {
+  TinyImpl() : fc1(register_module("fc1", torch::nn::Linear(8, 16))), fc2(register_module("fc2", torch::nn::Linear(16, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Tiny);
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(784, 256))),
+        fc2(register_module("fc2", torch::nn::Linear(256, 128))),
+        fc3(register_module("fc3", torch::nn::Linear(128, 10))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(Mlp);
+
+template <class Model> struct Shape;
+template <> struct Shape<Tiny> {
+  static constexpr int64_t in = 8, out = 4, batch = 16;
+};
+template <> struct Shape<Mlp> {
+  static constexpr int64_t in = 784, out = 10, batch = 64;
+};
+
+template <class Model>
+std::vector<torch::data::Example<>> make_batches() {
+  torch::manual_seed(0);
+  std::vector<torch::data::Example<>> batches;
+  for (int i = 0; i < 16; ++i)
+    batches.push_back({torch::randn({Shape<Model>::batch, Shape<Model>::in}),
+                       torch::randint(0, Shape<Model>::out, {Shape<Model>::batch})});
+  return batches;
+}
+
+template <class Model>
+void BM_RawLoopStep(benchmark::State& state) {
+  torch::manual_seed(1);
+  Model net;
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  const auto batches = make_batches<Model>();
+  std::size_t i = 0;
+  for (auto _ : state) {
+    const auto& [x, y] = batches[i++ % batches.size()];
+    opt.zero_grad();
+    auto loss = torch::cross_entropy_loss(net(x), y);
+    loss.backward();
+    opt.step();
+  }
+}
+
+template <class Model>
+void BM_AcceleratorStep(benchmark::State& state) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  torch::manual_seed(1);
+  Model net;
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  auto [model, opt] = acc.prepare(net, sgd);
+  const auto batches = make_batches<Model>();
+  std::size_t i = 0;
+  for (auto _ : state) {
+    const auto& [x, y] = batches[i++ % batches.size()];
+    auto step = acc.accumulate(model);
+    opt.zero_grad();
+    auto loss = torch::cross_entropy_loss(model(x), y);
+    acc.backward(loss);
+    opt.step();
+  }
+}
+
+// The same features decided at run time: what a design without compile-time policies pays.
+// Every switch is off, exactly as in Accelerator<>, but each step asks for it.
+class RuntimeFeatures {
+ public:
+  virtual ~RuntimeFeatures() = default;
+  virtual bool accumulate() { return ++micro_ % steps_ == 0; }
+  virtual torch::Tensor scale(const torch::Tensor& loss) { return fp16_ ? loss * scale_ : loss; }
+  virtual void before_step(torch::optim::Optimizer& opt) {
+    if (clip_ > 0) {
+      std::vector<torch::Tensor> params;
+      for (auto& g : opt.param_groups())
+        for (auto& p : g.params()) params.push_back(p);
+      torch::nn::utils::clip_grad_norm_(params, clip_);
+    }
+  }
+  virtual bool autocast() const { return autocast_; }
+
+  int steps_ = 1;
+  bool fp16_ = false;
+  bool autocast_ = false;
+  double clip_ = 0;
+  double scale_ = 1;
+  long micro_ = 0;
+};
+
+template <class Model>
+void BM_RuntimeDispatchStep(benchmark::State& state) {
+  std::unique_ptr<RuntimeFeatures> features = std::make_unique<RuntimeFeatures>();
+  torch::manual_seed(1);
+  Model net;
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  const auto batches = make_batches<Model>();
+  std::size_t i = 0;
+  for (auto _ : state) {
+    const auto& [x, y] = batches[i++ % batches.size()];
+    const bool sync = features->accumulate();
+    if (sync) opt.zero_grad();
+    torch::Tensor logits;
+    if (features->autocast()) {
+      accelerate::AutocastScope<accelerate::Bf16> scope(torch::kCPU);
+      logits = net(x).to(torch::kFloat);
+    } else {
+      logits = net(x);
+    }
+    auto loss = torch::cross_entropy_loss(logits, y);
+    features->scale(loss / features->steps_).backward();
+    if (sync) {
+      features->before_step(opt);
+      opt.step();
+    }
+  }
+}
+
+BENCHMARK(BM_RawLoopStep<Tiny>)->Name("BM_RawLoopStep/tiny");
+BENCHMARK(BM_AcceleratorStep<Tiny>)->Name("BM_AcceleratorStep/tiny");
+BENCHMARK(BM_RuntimeDispatchStep<Tiny>)->Name("BM_RuntimeDispatchStep/tiny");
+BENCHMARK(BM_RawLoopStep<Mlp>)->Name("BM_RawLoopStep/mlp");
+BENCHMARK(BM_AcceleratorStep<Mlp>)->Name("BM_AcceleratorStep/mlp");
+BENCHMARK(BM_RuntimeDispatchStep<Mlp>)->Name("BM_RuntimeDispatchStep/mlp");
+
+// N tiny-model steps of one side, for callgrind.
+int count_steps(const std::string& side, long steps) {
+  const auto batches = make_batches<Tiny>();
+  torch::manual_seed(1);
+  Tiny net;
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  if (side == "raw") {
+    for (long i = 0; i < steps; ++i) {
+      const auto& [x, y] = batches[static_cast<std::size_t>(i) % batches.size()];
+      sgd.zero_grad();
+      torch::cross_entropy_loss(net(x), y).backward();
+      sgd.step();
+    }
+    return 0;
+  }
+  if (side == "accelerator") {
+    accelerate::Accelerator<> acc{{.cpu = true}};
+    auto [model, opt] = acc.prepare(net, sgd);
+    for (long i = 0; i < steps; ++i) {
+      const auto& [x, y] = batches[static_cast<std::size_t>(i) % batches.size()];
+      auto step = acc.accumulate(model);
+      opt.zero_grad();
+      acc.backward(torch::cross_entropy_loss(model(x), y));
+      opt.step();
+    }
+    return 0;
+  }
+  std::cerr << "bench_step: --count-steps takes raw or accelerator\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  torch::set_num_threads(1);  // one intra-op thread: the comparison, not the machine, varies
+  if (argc == 4 && std::strcmp(argv[1], "--count-steps") == 0) return count_steps(argv[2], std::atol(argv[3]));
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,151 @@
+// bench_sync: the price of gradient synchronisation on 2 ranks over Gloo (it starts them
+// itself; --nproc N for another count). For a ~10M-parameter MLP:
+//   BM_FlatAllreduce             backward, then one all-reduce of all gradients (the floor a
+//                                hand-written loop gets without overlap)
+//   BM_BucketedReducer/<MB>      the Accelerator's reducer: buckets of <MB> all-reduced from
+//                                autograd hooks while backward runs
+//   BM_Accumulate8/no_sync       8 micro-steps per optimizer step, communicating once
+//   BM_Accumulate8/sync_every    the same 8 micro-steps, all-reducing every one
+// Counters: comm_MB per optimizer step (this rank's payload). Every rank runs the same fixed
+// iteration counts in lockstep; the sides alternate, round after round, in one run.
+#include <accelerate/accelerate.hpp>
+
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int kIterations = 12;
+constexpr int kRounds = 3;
+
+// ~9.5M parameters in ten 4 MB layers, so that the bucket cap decides how many all-reduces a
+// backward pass issues and how early the first one starts.
+struct BigMlpImpl : torch::nn::Module {
+  BigMlpImpl() {
+    for (int i = 0; i < 9; ++i) hidden.push_back(register_module("hidden" + std::to_string(i), torch::nn::Linear(1024, 1024)));
+    out = register_module("out", torch::nn::Linear(1024, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& layer : hidden) x = torch::relu(layer(x));
+    return out(x);
+  }
+  std::vector<torch::nn::Linear> hidden;
+  torch::nn::Linear out{nullptr};
+};
+TORCH_MODULE(BigMlp);
+
+struct Batch {
+  torch::Tensor x = torch::randn({64, 1024});
+  torch::Tensor y = torch::randint(0, 10, {64});
+};
+
+double megabytes(uint64_t bytes) { return static_cast<double>(bytes) / 1e6; }
+
+void BM_FlatAllreduce(benchmark::State& state) {
+  accelerate::Accelerator<accelerate::Gloo> acc{{.timeout = 120s}};
+  BigMlp net;
+  torch::optim::SGD opt(net->parameters(), 0.001);
+  auto* comm = acc.engine().communicator();
+  const Batch batch;
+  const auto before = acc.stats().allreduce.bytes;
+  for (auto _ : state) {
+    opt.zero_grad();
+    torch::cross_entropy_loss(net(batch.x), batch.y).backward();
+    std::vector<torch::Tensor> grads;
+    for (auto& p : net->parameters()) grads.push_back(p.grad().reshape(-1));
+    auto flat = torch::cat(grads);
+    if (comm != nullptr) comm->all_reduce(flat, accelerate::Reduction::mean);
+    int64_t offset = 0;
+    for (auto& p : net->parameters()) {
+      p.mutable_grad().copy_(flat.narrow(0, offset, p.numel()).view_as(p));
+      offset += p.numel();
+    }
+    opt.step();
+  }
+  state.counters["comm_MB"] = megabytes(acc.stats().allreduce.bytes - before) / state.iterations();
+}
+
+void BM_BucketedReducer(benchmark::State& state) {
+  const auto cap = static_cast<std::size_t>(state.range(0)) << 20;
+  accelerate::Accelerator<accelerate::Gloo> acc{
+      {.timeout = 120s, .bucket_cap_bytes = cap, .first_bucket_cap_bytes = std::min(cap, std::size_t{1} << 20)}};
+  BigMlp net;
+  torch::optim::SGD sgd(net->parameters(), 0.001);
+  auto [model, opt] = acc.prepare(net, sgd);
+  const Batch batch;
+  for (auto _ : state) {
+    opt.zero_grad();
+    acc.backward(torch::cross_entropy_loss(model(batch.x), batch.y));
+    opt.step();
+  }
+  const auto stats = acc.stats();
+  state.counters["comm_MB"] = megabytes(stats.gradient_allreduce.bytes) / state.iterations();
+  state.counters["buckets"] = static_cast<double>(model.model_sync().reducer() ? model.model_sync().reducer()->bucket_count() : 0);
+}
+
+void BM_Accumulate8(benchmark::State& state) {
+  const bool sync_every = state.range(0) == 1;
+  using Acc = accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::Accumulate<8>>;
+  Acc acc{{.timeout = 120s}};
+  BigMlp net;
+  torch::optim::SGD sgd(net->parameters(), 0.001);
+  auto [model, opt] = acc.prepare(net, sgd);
+  const Batch batch;
+  for (auto _ : state) {  // one optimizer step = 8 micro-steps
+    for (int micro = 0; micro < 8; ++micro) {
+      auto step = acc.accumulate(model);
+      if (sync_every) model.model_sync().set_sync(true);  // what forgetting no_sync costs
+      acc.backward(torch::cross_entropy_loss(model(batch.x), batch.y));
+      opt.step();
+      opt.zero_grad();
+    }
+  }
+  state.counters["comm_MB"] = megabytes(acc.stats().gradient_allreduce.bytes) / state.iterations();
+}
+
+void register_benchmarks() {
+  for (int round = 0; round < kRounds; ++round) {
+    benchmark::RegisterBenchmark("BM_FlatAllreduce", BM_FlatAllreduce)->Iterations(kIterations)->Unit(benchmark::kMillisecond);
+    for (int mb : {1, 4, 25, 100})
+      benchmark::RegisterBenchmark("BM_BucketedReducer", BM_BucketedReducer)
+          ->Arg(mb)->Iterations(kIterations)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_Accumulate8/no_sync", BM_Accumulate8)->Arg(0)->Iterations(kIterations / 3)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_Accumulate8/sync_every", BM_Accumulate8)->Arg(1)->Iterations(kIterations / 3)->Unit(benchmark::kMillisecond);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::setenv("ACCELERATE_NUM_PROCESSES", "2", /*overwrite=*/0);
+  return accelerate::launch(argc, argv, [](int argc, char** argv) {
+    torch::set_num_threads(1);
+    const char* rank = std::getenv("RANK");
+    const bool reporting = rank == nullptr || std::string(rank) == "0";
+    std::vector<char*> args(argv, argv + argc);
+    if (!reporting) {  // other ranks run the same benchmarks in lockstep, silently, writing no file
+      std::erase_if(args, [](const char* a) { return std::string(a).rfind("--benchmark_out", 0) == 0; });
+    }
+    int count = static_cast<int>(args.size());
+    args.push_back(nullptr);
+    benchmark::Initialize(&count, args.data());
+    register_benchmarks();
+    if (reporting) {
+      benchmark::RunSpecifiedBenchmarks();
+    } else {
+      struct Silent : benchmark::BenchmarkReporter {
+        bool ReportContext(const Context&) override { return true; }
+        void ReportRuns(const std::vector<Run>&) override {}
+      } silent;
+      benchmark::RunSpecifiedBenchmarks(&silent);
+    }
+    benchmark::Shutdown();
+    return 0;
+  });
+}

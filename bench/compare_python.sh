@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Per-step time of this library next to Hugging Face Accelerate (Python) and plain PyTorch DDP
+# on the same model, data and optimizer: tiny and MNIST-MLP models, 1 and 2 processes, with
+# and without accumulation. The three run one after another, round after round, so they
+# share the machine's state; each configuration reports the median over rounds of each
+# implementation's median step time, and the ratio of medians.
+#
+#   bench/compare_python.sh [build-dir] [rounds]      (after scripts/quickstart.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build}"
+rounds="${2:-3}"
+python=".venv/bin/python"
+out="bench/results/compare_python.jsonl"
+mkdir -p bench/results
+: > "$out"
+export PYTHONPATH="$PWD/bench/python" OMP_NUM_THREADS=1
+
+run_ours() { "$build/bench/compare_step" --model "$1" --nproc "$2" --accum "$3" | tail -1; }
+run_accelerate() {
+  if [[ "$2" == 1 ]]; then
+    "$python" bench/python/step_accelerate.py --model "$1" --accum "$3"
+  else
+    # Accelerate joins a torchrun job as MULTI_CPU (gloo), as `accelerate launch` arranges.
+    "$python" -m torch.distributed.run --nproc_per_node "$2" --master_port 29534 \
+      bench/python/step_accelerate.py --model "$1" --accum "$3" 2>/dev/null
+  fi | tail -1
+}
+run_ddp() {
+  if [[ "$2" == 1 ]]; then
+    "$python" bench/python/step_ddp.py --model "$1" --accum "$3"
+  else
+    "$python" -m torch.distributed.run --nproc_per_node "$2" --master_port 29533 \
+      bench/python/step_ddp.py --model "$1" --accum "$3" 2>/dev/null
+  fi | tail -1
+}
+
+for model in tiny mlp; do
+  for nproc in 1 2; do
+    for accum in 1 4; do
+      for ((round = 0; round < rounds; ++round)); do
+        for impl in ours accelerate ddp; do
+          line="$(run_$impl "$model" "$nproc" "$accum")"
+          echo "$line" | tee -a "$out"
+        done
+      done
+    done
+  done
+done
+
+"$python" - "$out" <<'PY'
+import collections, json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+groups = collections.defaultdict(lambda: collections.defaultdict(list))
+for r in rows:
+    groups[(r["model"], r["nproc"], r["accum"])][r["impl"]].append(r["median_step_us"])
+print("\n| model | processes | accumulation | accelerate-cpp (us/step) | Python Accelerate | PyTorch DDP | Accelerate / ours | DDP / ours |")
+print("|---|---|---|---|---|---|---|---|")
+for (model, nproc, accum), impls in sorted(groups.items()):
+    ours = statistics.median(impls["accelerate-cpp"])
+    acc = statistics.median(impls["python-accelerate"])
+    ddp = statistics.median(impls["pytorch-ddp"])
+    print(f"| {model} | {nproc} | {accum} | {ours:.0f} | {acc:.0f} | {ddp:.0f} | {acc / ours:.2f} | {ddp / ours:.2f} |")
+PY
