@@ -144,12 +144,50 @@ void BM_RuntimeDispatchStep(benchmark::State& state) {
   }
 }
 
+// Accumulation over 4 micro-steps: each benchmark iteration is one micro-step.
+template <class Model>
+void BM_RawLoopAccumulate4(benchmark::State& state) {
+  torch::manual_seed(1);
+  Model net;
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  const auto batches = make_batches<Model>();
+  std::size_t i = 0;
+  for (auto _ : state) {
+    const auto& [x, y] = batches[i % batches.size()];
+    (torch::cross_entropy_loss(net(x), y) / 4).backward();
+    if (++i % 4 == 0) {
+      opt.step();
+      opt.zero_grad();
+    }
+  }
+}
+
+template <class Model>
+void BM_AcceleratorAccumulate4(benchmark::State& state) {
+  accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32, accelerate::Accumulate<4>> acc{{.cpu = true}};
+  torch::manual_seed(1);
+  Model net;
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  auto [model, opt] = acc.prepare(net, sgd);
+  const auto batches = make_batches<Model>();
+  std::size_t i = 0;
+  for (auto _ : state) {
+    const auto& [x, y] = batches[i++ % batches.size()];
+    auto step = acc.accumulate(model);
+    acc.backward(torch::cross_entropy_loss(model(x), y));
+    opt.step();
+    opt.zero_grad();
+  }
+}
+
 BENCHMARK(BM_RawLoopStep<Tiny>)->Name("BM_RawLoopStep/tiny");
 BENCHMARK(BM_AcceleratorStep<Tiny>)->Name("BM_AcceleratorStep/tiny");
 BENCHMARK(BM_RuntimeDispatchStep<Tiny>)->Name("BM_RuntimeDispatchStep/tiny");
 BENCHMARK(BM_RawLoopStep<Mlp>)->Name("BM_RawLoopStep/mlp");
 BENCHMARK(BM_AcceleratorStep<Mlp>)->Name("BM_AcceleratorStep/mlp");
 BENCHMARK(BM_RuntimeDispatchStep<Mlp>)->Name("BM_RuntimeDispatchStep/mlp");
+BENCHMARK(BM_RawLoopAccumulate4<Mlp>)->Name("BM_RawLoopAccumulate4/mlp");
+BENCHMARK(BM_AcceleratorAccumulate4<Mlp>)->Name("BM_AcceleratorAccumulate4/mlp");
 
 // N tiny-model steps of one side, for callgrind.
 int count_steps(const std::string& side, long steps) {

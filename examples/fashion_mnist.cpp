@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
+#include <vector>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -23,6 +25,8 @@ struct Args {
   bool progress = true;
   std::string project_dir;  // checkpoint every epoch here; the final model in <dir>/model
   bool resume = false;      // continue from the latest checkpoint in project_dir
+  std::vector<std::string> log_with;  // trackers: jsonl, csv, tensorboard, all
+  bool env = false;         // print the environment report and exit
   accelerate::RunConfig run;  // precision, accumulation, clipping, processes
 };
 
@@ -37,7 +41,8 @@ struct Progress {
   std::cerr << "fashion_mnist: " << problem << "\n"
             << "usage: fashion_mnist [--nproc N] [--epochs N] [--batch-size N] [--lr X] [--seed N]\n"
             << "                     [--data DIR] [--precision fp32|bf16|fp16] [--accum K]\n"
-            << "                     [--clip-norm X] [--project-dir DIR [--resume]] [--no-progress]\n";
+            << "                     [--clip-norm X] [--project-dir DIR [--resume]]\n"
+            << "                     [--log-with jsonl,csv,tensorboard|all] [--no-progress] [--env]\n";
   std::exit(2);
 }
 
@@ -60,6 +65,11 @@ Args parse(int argc, char** argv) {
       else if (flag == "--no-progress") a.progress = false;
       else if (flag == "--project-dir") a.project_dir = value();
       else if (flag == "--resume") a.resume = true;
+      else if (flag == "--env") a.env = true;
+      else if (flag == "--log-with") {
+        std::stringstream list(value());
+        for (std::string name; std::getline(list, name, ',');) a.log_with.push_back(name);
+      }
       else if (flag == "--accum") a.run.gradient_accumulation_steps = std::stoul(value());
       else if (flag == "--clip-norm") a.run.max_grad_norm = std::stod(value());
       else if (flag == "--precision") {
@@ -102,7 +112,12 @@ TORCH_MODULE(Classifier);
 template <class Acc>
 int train(const Args& args) {
   const auto start = std::chrono::steady_clock::now();
+  if (args.env) {
+    std::cout << accelerate::environment_report<Acc>();
+    return 0;
+  }
   accelerate::AcceleratorOptions options{.seed = args.seed};
+  options.log_with = args.log_with;
   if (!args.project_dir.empty())
     options.project = {.project_dir = args.project_dir, .automatic_checkpoint_naming = true, .total_limit = 2};
   Acc acc{args.run.apply(options)};
@@ -117,6 +132,9 @@ int train(const Args& args) {
   Progress progress;
   acc.register_for_checkpointing(progress);
   if (args.resume) acc.print("resuming from", acc.load_state().string());
+  acc.init_trackers("fashion_mnist", {{"epochs", args.epochs}, {"batch_size", args.batch_size}, {"lr", args.lr},
+                                      {"seed", args.seed}, {"precision", std::string(acc.mixed_precision())},
+                                      {"accum", acc.gradient_accumulation_steps()}, {"world_size", acc.num_processes()}});
 
   for (int epoch = static_cast<int>(train_loader.epoch()); epoch < args.epochs; ++epoch) {
     model->train();
@@ -135,7 +153,11 @@ int train(const Args& args) {
       if (step.sync_gradients() && !acc.optimizer_step_was_skipped()) ++progress.optimizer_steps;
       loss_sum += loss.detach().to(torch::kDouble).cpu();
       ++batches;
-      bar.update(loss.template item<double>());
+      const double loss_value = loss.template item<double>();
+      bar.update(loss_value);
+      if (progress.micro_steps % 100 == 0)
+        acc.log({{"train/loss", loss_value}, {"train/lr", adam.param_groups()[0].options().get_lr()}},
+                progress.micro_steps);
     }
     bar.close();
     progress.last_epoch_loss = acc.reduce(loss_sum, accelerate::Reduction::mean).template item<double>() /
@@ -154,6 +176,9 @@ int train(const Args& args) {
     total += labels.size(0);
   }
 
+  const double accuracy = static_cast<double>(correct) / static_cast<double>(total);
+  acc.log({{"test/accuracy", accuracy}, {"train/epoch_loss", progress.last_epoch_loss}}, progress.micro_steps);
+  acc.end_training();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (acc.is_main_process()) {
@@ -167,7 +192,7 @@ int train(const Args& args) {
         {"allreduce_calls", acc.stats().allreduce.calls},
         {"train_loss", progress.last_epoch_loss},
         {"test_samples", total},
-        {"test_accuracy", static_cast<double>(correct) / static_cast<double>(total)},
+        {"test_accuracy", accuracy},
         {"seconds", seconds},
     };
     std::cout << report.dump() << std::endl;

@@ -8,7 +8,9 @@
 #include <accelerate/data/idx.hpp>
 #include <accelerate/data/tensor_dataset.hpp>
 #include <accelerate/distributed/process_group.hpp>
+#include <accelerate/environment.hpp>
 #include <accelerate/launch/launch.hpp>
+#include <accelerate/launch/preemption.hpp>
 #include <accelerate/presets.hpp>
 #include <accelerate/track/progress.hpp>
 #include <accelerate/version.hpp>

@@ -37,9 +37,11 @@
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/diagnostics.hpp>
 #include <accelerate/detail/local_engine.hpp>
+#include <accelerate/detail/malloc_tuning.hpp>
 #include <accelerate/detail/type_name.hpp>
 #include <accelerate/distributed/reduction.hpp>
 #include <accelerate/distributed/stats.hpp>
+#include <accelerate/launch/preemption.hpp>
 #include <accelerate/options.hpp>
 #include <accelerate/policy/accumulation.hpp>
 #include <accelerate/policy/backend.hpp>
@@ -53,6 +55,10 @@
 #include <accelerate/random.hpp>
 #include <accelerate/scope/accumulate.hpp>
 #include <accelerate/scope/autocast.hpp>
+#include <accelerate/track/csv.hpp>
+#include <accelerate/track/jsonl.hpp>
+#include <accelerate/track/tensorboard.hpp>
+#include <accelerate/track/tracker.hpp>
 
 namespace accelerate {
 
@@ -67,6 +73,8 @@ struct CoreState {
   c10::Device device{c10::kCPU};
   BatchPosition batch;                     // from the most recent prepared-dataloader batch
   std::vector<CheckpointEntry> checkpoint; // in prepare()/registration order
+  bool trigger = false;                    // set_trigger()/check_trigger()
+  std::vector<AnyTracker> trackers;        // main process only
 };
 
 /// Accumulation bookkeeping; empty (no counter) when the policy never skips a sync.
@@ -196,10 +204,11 @@ class Accelerator {
   /// backends), picks the device and seeds the generators when `options.seed` is set.
   explicit Accelerator(AcceleratorOptions options = {})
       : engine_(validated(options), fingerprint(options)),
-        core_{options, engine_.device(options), {}, {}},
+        core_{options, engine_.device(options), {}, {}, false, {}},
         accum_(options),
         precision_(options, core_.device) {
     check_device_supports_precision();
+    if (options.retain_freed_memory) detail::retain_freed_memory();
     if (options.seed) set_seed(*options.seed);
   }
 
@@ -568,6 +577,68 @@ class Accelerator {
     }
   }
 
+  // ---------------------------------------------------------------------------------------
+  // Experiment tracking (main process only; the other ranks' calls do nothing).
+
+  /// Adds a tracker of your own (any type modelling accelerate::Tracker) to those
+  /// init_trackers() starts.
+  template <Tracker T>
+  void add_tracker(T tracker) {
+    if (is_main_process()) core_.trackers.emplace_back(std::move(tracker));
+  }
+
+  /// Starts the trackers of AcceleratorOptions::log_with (under logging_dir/project_name)
+  /// and those added, recording `config` (hyperparameters).
+  /// Example:
+  ///   acc.init_trackers("fashion_mnist", {{"lr", 1e-3}, {"batch_size", 64}});
+  void init_trackers(const std::string& project_name, const nlohmann::json& config = nlohmann::json::object()) {
+    if (!is_main_process()) return;
+    const auto& o = core_.options;
+    const std::filesystem::path dir =
+        !o.logging_dir.empty() ? o.logging_dir : !o.project.project_dir.empty() ? o.project.project_dir : ".";
+    auto wants = [&](const char* name) {
+      return std::find(o.log_with.begin(), o.log_with.end(), name) != o.log_with.end() ||
+             std::find(o.log_with.begin(), o.log_with.end(), "all") != o.log_with.end();
+    };
+    if (wants("jsonl")) core_.trackers.emplace_back(JsonlTracker(dir));
+    if (wants("csv")) core_.trackers.emplace_back(CsvTracker(dir));
+    if (wants("tensorboard")) core_.trackers.emplace_back(TensorBoardTracker(dir));
+    for (auto& tracker : core_.trackers) tracker.start(project_name, config);
+  }
+
+  /// Records scalar metrics at `step` with every tracker.
+  /// Example: acc.log({{"loss", loss.item<double>()}, {"lr", lr}}, step);
+  void log(const Metrics& values, std::int64_t step) {
+    for (auto& tracker : core_.trackers) tracker.log(values, step);
+  }
+
+  /// Finishes the trackers and waits for every rank (Accelerate's end_training).
+  void end_training() {
+    for (auto& tracker : core_.trackers) tracker.finish();
+    core_.trackers.clear();
+    wait_for_everyone();
+  }
+
+  /// Raises this process's trigger (Accelerate's set_trigger): check_trigger() then returns
+  /// true on every rank.
+  void set_trigger() noexcept { core_.trigger = true; }
+
+  /// Whether any rank raised its trigger (set_trigger) or received a preemption signal
+  /// under a PreemptionGuard since the last check; the answer is the same on every rank
+  /// (one small all-reduce when distributed) and resets the flags. Every rank must call it.
+  bool check_trigger() {
+    const bool local = core_.trigger || preemption_requested();
+    core_.trigger = false;
+    clear_preemption_request();
+    if constexpr (!distributed) {
+      return local;
+    } else {
+      at::Tensor flag = at::tensor({local ? 1 : 0}, at::kInt).to(core_.device);
+      engine_.all_reduce(flag, Reduction::max);
+      return flag.item<int>() > 0;
+    }
+  }
+
   /// Runs `fn` on the main process only; returns whether it ran.
   template <class Fn>
   bool on_main_process(Fn&& fn) {
@@ -857,8 +928,8 @@ class Accelerator {
       seed = generator.template get<at::CPUGeneratorImpl>()->random64();
     }
     if constexpr (distributed) {
-      at::Tensor value = at::tensor({static_cast<int64_t>(seed >> 1)}, at::kLong);
-      engine_.broadcast(value, 0);
+      at::Tensor value = at::tensor({static_cast<int64_t>(seed >> 1)}, at::kLong).to(core_.device);
+      engine_.broadcast(value, 0);  // on the device: NCCL takes no CPU tensors
       seed = static_cast<std::uint64_t>(value.item<int64_t>());
     } else {
       seed >>= 1;  // the same range as the distributed path

@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include <accelerate/checkpoint/project.hpp>
 #include <accelerate/detail/check.hpp>
@@ -33,6 +35,10 @@ struct AcceleratorOptions {
   bool cpu = false;
   /// When set, set_seed(seed) runs in the constructor: torch's CPU and CUDA generators.
   std::optional<std::uint64_t> seed;
+  /// Keep freed CPU buffers in the process heap instead of returning them to the system and
+  /// faulting them in again every step (glibc: mmap threshold 32 MB, trim threshold 128 MB,
+  /// for the whole process). False keeps the C library's defaults.
+  bool retain_freed_memory = true;
 
   // --- gradient accumulation ---
   /// Micro-steps per optimizer step for AccumulateDynamic. For Accumulate<N> it may be left 0
@@ -72,6 +78,12 @@ struct AcceleratorOptions {
 
   // --- checkpoints ---
   ProjectConfiguration project{};
+
+  // --- experiment tracking ---
+  /// Built-in trackers started by init_trackers(): "jsonl", "csv", "tensorboard" or "all".
+  std::vector<std::string> log_with;
+  /// Where they write; empty means project.project_dir (or "." without one).
+  std::filesystem::path logging_dir;
 };
 
 namespace detail {
@@ -101,6 +113,10 @@ inline void validate(const AcceleratorOptions& o) {
                    "AcceleratorOptions::project.automatic_checkpoint_naming needs project.project_dir");
   ACCELERATE_CHECK(!o.project.total_limit || *o.project.total_limit > 0,
                    "AcceleratorOptions::project.total_limit must be > 0 when set");
+  for (const auto& name : o.log_with)
+    ACCELERATE_CHECK(name == "jsonl" || name == "csv" || name == "tensorboard" || name == "all",
+                     "AcceleratorOptions::log_with: unknown tracker '", name,
+                     "'; valid: jsonl, csv, tensorboard, all (add your own with add_tracker)");
 }
 
 }  // namespace detail

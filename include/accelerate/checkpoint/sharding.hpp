@@ -175,6 +175,33 @@ inline std::vector<std::filesystem::path> write_model_files(const torch::nn::Mod
   return written;
 }
 
+/// Reads a model.safetensors.index.json: tensor names grouped by shard file. Malformed JSON, a
+/// missing weight_map, a non-string entry or a shard outside the index's folder are errors
+/// naming the file.
+inline std::map<std::string, std::vector<std::string>> read_model_index(const std::filesystem::path& index) {
+  nlohmann::json json;
+  try {
+    std::ifstream in(index);
+    ACCELERATE_CHECK(in.good(), "load_checkpoint_in_model: cannot read ", index.string());
+    json = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    accelerate::detail::fail("load_checkpoint_in_model: ", index.string(), " is not valid JSON (", e.what(), ")");
+  }
+  ACCELERATE_CHECK(json.is_object() && json.contains("weight_map") && json["weight_map"].is_object(),
+                   "load_checkpoint_in_model: ", index.string(), " has no weight_map object");
+  std::map<std::string, std::vector<std::string>> by_file;
+  for (const auto& [name, file] : json["weight_map"].items()) {
+    ACCELERATE_CHECK(file.is_string(), "load_checkpoint_in_model: ", index.string(), ": weight_map['", name,
+                     "'] is not a file name");
+    const auto shard = file.get<std::string>();
+    ACCELERATE_CHECK(!shard.empty() && shard.find('/') == std::string::npos && shard != ".." && shard != ".",
+                     "load_checkpoint_in_model: ", index.string(), ": shard name '", shard,
+                     "' must be a file in the same folder");
+    by_file[shard].push_back(name);
+  }
+  return by_file;
+}
+
 /// Reads model weights from `path` into `module` (moved to `device` first when given):
 /// a .safetensors file, a model.safetensors.index.json, or a folder holding exactly one of
 /// model.safetensors / a *.safetensors.index.json. Files are memory-mapped. Strict by default:
@@ -207,26 +234,7 @@ inline LoadReport load_checkpoint_in_model(torch::nn::Module& module, const std:
 
   std::vector<SafetensorsFile> files;
   if (!index.empty()) {
-    nlohmann::json json;
-    try {
-      std::ifstream in(index);
-      json = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      detail::fail("load_checkpoint_in_model: ", index.string(), " is not valid JSON (", e.what(), ")");
-    }
-    ACCELERATE_CHECK(json.is_object() && json.contains("weight_map") && json["weight_map"].is_object(),
-                     "load_checkpoint_in_model: ", index.string(), " has no weight_map object");
-    std::map<std::string, std::vector<std::string>> by_file;
-    for (const auto& [name, file] : json["weight_map"].items()) {
-      ACCELERATE_CHECK(file.is_string(), "load_checkpoint_in_model: ", index.string(), ": weight_map['",
-                       name, "'] is not a file name");
-      const auto shard = file.get<std::string>();
-      ACCELERATE_CHECK(shard.find('/') == std::string::npos && shard != ".." && shard != ".",
-                       "load_checkpoint_in_model: ", index.string(), ": shard name '", shard,
-                       "' must be a file in the same folder");
-      by_file[shard].push_back(name);
-    }
-    for (const auto& [shard, names] : by_file) {
+    for (const auto& [shard, names] : read_model_index(index)) {
       const auto shard_path = index.parent_path() / shard;
       ACCELERATE_CHECK(fs::exists(shard_path), "load_checkpoint_in_model: ", index.string(), " names shard ",
                        shard, " (for ", names.front(), (names.size() > 1 ? " and others" : ""),

@@ -176,7 +176,16 @@ inline std::filesystem::path save_state(const StateSources& src, ProjectConfigur
   const fs::path target = state_target(project, dir);
   const bool main = src.rank == 0;
   if (main) {
-    fs::create_directories(target.parent_path().empty() ? fs::path(".") : target.parent_path());
+    const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+    fs::create_directories(parent);
+    if (!dir) {  // leftovers of saves or rotations a crash interrupted
+      std::error_code ec;
+      for (const auto& entry : fs::directory_iterator(parent, ec)) {
+        const auto name = entry.path().filename().string();
+        if (name.starts_with(".checkpoint_") && (name.ends_with(".incomplete") || name.ends_with(".deleting")))
+          fs::remove_all(entry.path(), ec);
+      }
+    }
     begin_staging(target);
   }
   src.barrier();
@@ -213,9 +222,17 @@ inline std::filesystem::path save_state(const StateSources& src, ProjectConfigur
                      {"files", files}});
     commit_staging(target);
     if (!dir && project.total_limit) {
+      // Renamed out of sight first: a crash while deleting must not leave a partial folder
+      // that still looks like a checkpoint.
       auto complete = list_checkpoints(project.project_dir / "checkpoints");
-      for (std::size_t i = 0; i + *project.total_limit < complete.size(); ++i)
-        fs::remove_all(complete[i].second);
+      for (std::size_t i = 0; i + *project.total_limit < complete.size(); ++i) {
+        const auto& old = complete[i].second;
+        const auto doomed = old.parent_path() / ("." + old.filename().string() + ".deleting");
+        std::error_code ec;
+        fs::remove_all(doomed, ec);
+        fs::rename(old, doomed);
+        fs::remove_all(doomed, ec);
+      }
     }
   }
   src.barrier();

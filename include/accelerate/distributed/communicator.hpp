@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -83,16 +84,19 @@ class Communicator {
   }
 
   /// Waits for a collective; a failure (peer gone, timeout) becomes an accelerate::Error
-  /// naming the collective and this rank.
+  /// naming the collective, this rank and, from the heartbeat, which rank stopped.
   void wait(const compat::WorkPtr& work, const char* what) {
     try {
       work->wait();
     } catch (const std::exception& e) {
-      accelerate::detail::fail(what, " failed on rank ", rank_, " of ", world_size_,
-                               " (a peer exited or timed out; check the other ranks' output): ",
-                               e.what());
+      const std::string cause = diagnose_ ? diagnose_() : "a peer exited or timed out";
+      accelerate::detail::fail(what, " failed on rank ", rank_, " of ", world_size_, ": ", cause,
+                               " (", e.what(), ")");
     }
   }
+
+  /// How to explain a failed collective (the engine's heartbeat).
+  void set_diagnosis(std::function<std::string()> diagnose) { diagnose_ = std::move(diagnose); }
 
   CommStats stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -119,6 +123,7 @@ class Communicator {
   int world_size_;
   mutable std::mutex mutex_;
   CommStats stats_;
+  std::function<std::string()> diagnose_;
 };
 
 }  // namespace accelerate::distributed

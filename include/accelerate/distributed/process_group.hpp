@@ -23,6 +23,7 @@
 #include <accelerate/detail/env.hpp>
 #include <accelerate/distributed/communicator.hpp>
 #include <accelerate/distributed/environment.hpp>
+#include <accelerate/distributed/heartbeat.hpp>
 #include <accelerate/distributed/reducer.hpp>
 #include <accelerate/distributed/rendezvous.hpp>
 #include <accelerate/distributed/stats.hpp>
@@ -81,6 +82,13 @@ class ProcessGroupEngine {
     rendezvous_in(*store_, env_, timeout_, description.str());
     auto backend = Factory::create(compat::make_prefix_store("pg", store_), env_, options);
     comm_ = std::make_shared<Communicator>(std::move(backend), env_.rank, env_.world_size);
+    if (env_.world_size > 1) {
+      heartbeat_ = std::make_shared<Heartbeat>(env_, "accelerate/" + std::to_string(generation));
+      comm_->set_diagnosis([heartbeat = std::weak_ptr<Heartbeat>(heartbeat_)] {
+        const auto alive = heartbeat.lock();
+        return alive ? alive->diagnose() : std::string("a peer exited or timed out");
+      });
+    }
     // Nobody leaves start-up (and may exit, taking rank 0's store with it) before all are in.
     wait_for_all(*store_, "ready", env_, "1", timeout_, "process group");
   }
@@ -167,6 +175,7 @@ class ProcessGroupEngine {
   ProcessEnvironment env_;
   std::chrono::milliseconds timeout_;
   compat::StorePtr store_;
+  std::shared_ptr<Heartbeat> heartbeat_;
   std::shared_ptr<Communicator> comm_;
 };
 

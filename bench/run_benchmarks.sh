@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every benchmark in one window and regenerates bench/results/ (JSON, tables, plots)
+# for bench/README.md.   bench/run_benchmarks.sh [build-dir]   (after scripts/quickstart.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build}"
+out=bench/results
+mkdir -p "$out"
+export OMP_NUM_THREADS=1
+
+echo "== bench_step (sides interleaved at random, 12 repetitions)"
+"$build/bench/bench_step" --benchmark_repetitions=12 --benchmark_enable_random_interleaving=true \
+  --benchmark_min_time=0.3 --benchmark_format=json --benchmark_out="$out/bench_step.json" > /dev/null
+echo "== bench_sync on 2 ranks, then on 1 for the compute-only floor"
+"$build/bench/bench_sync" --nproc 2 --benchmark_format=json --benchmark_out="$out/bench_sync.json" > /dev/null
+"$build/bench/bench_sync" --nproc 1 --benchmark_filter='BM_BucketedReducer/4/' --benchmark_format=json \
+  --benchmark_out="$out/bench_sync_1proc.json" > /dev/null
+echo "== bench_checkpoint"
+"$build/bench/bench_checkpoint" --benchmark_repetitions=3 --benchmark_format=json \
+  --benchmark_out="$out/bench_checkpoint.json" > /dev/null
+echo "== instruction counts"
+bench/instructions.sh "$build" 200 | tee "$out/instructions.txt"
+echo "== Python Accelerate and PyTorch DDP"
+bench/compare_python.sh "$build" 3 | tee "$out/compare_python.txt"
+.venv/bin/python bench/summarize.py "$out"

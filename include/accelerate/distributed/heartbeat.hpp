@@ -1,0 +1,129 @@
+// Heartbeat: every rank counts up a key in the rendezvous store once a second, so that when a
+// collective fails the survivors can say which rank stopped (a crash, a SIGKILL, a hang) or
+// that rank 0's store itself is gone, instead of only "connection closed" or "timed out".
+//
+// A store connection over a dead link can block for as long as TCP lets it, so nothing here
+// waits on one without a deadline: queries run on a helper thread that is abandoned (it owns
+// everything it touches) when it does not answer in time.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <accelerate/compat/c10d.hpp>
+#include <accelerate/distributed/environment.hpp>
+
+namespace accelerate::distributed {
+
+class Heartbeat {
+ public:
+  /// Starts beating through its own connection to rank 0's store (so a stuck store never
+  /// blocks the collectives' connection) under `prefix`.
+  Heartbeat(const ProcessEnvironment& env, const std::string& prefix,
+            std::chrono::milliseconds interval = std::chrono::seconds(1))
+      : shared_(std::make_shared<Shared>()) {
+    shared_->env = env;
+    shared_->prefix = prefix;
+    shared_->interval = interval;
+    shared_->store = compat::make_tcp_store(env.master_addr, env.master_port, /*is_server=*/false,
+                                            env.world_size, std::max(interval * 5, std::chrono::milliseconds(5000)));
+    std::thread([shared = shared_] { shared->run(); }).detach();
+  }
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mutex);
+      shared_->stop = true;
+    }
+    shared_->wake.notify_all();
+  }
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+  /// Which ranks stopped beating, watched over a few intervals; or that the store does not
+  /// answer. Called after a collective failed; returns within about 4 intervals.
+  std::string diagnose() {
+    const auto shared = shared_;
+    const auto before = query(shared);
+    if (!before) return unreachable(*shared);
+    std::this_thread::sleep_for(shared->interval * 5 / 2);
+    const auto after = query(shared);
+    if (!after) return unreachable(*shared);
+    std::ostringstream stopped;
+    int n = 0;
+    for (int r = 0; r < shared->env.world_size; ++r)
+      if (r != shared->env.rank && (*after)[static_cast<std::size_t>(r)] == (*before)[static_cast<std::size_t>(r)])
+        stopped << (n++ ? ", " : "") << r;
+    if (n == 0) return "every rank is still alive (a slow peer, or collectives issued in different orders?)";
+    return std::string(n == 1 ? "rank " : "ranks ") + stopped.str() + " stopped responding";
+  }
+
+ private:
+  struct Shared {
+    ProcessEnvironment env;
+    std::string prefix;
+    std::chrono::milliseconds interval{1000};
+    compat::StorePtr store;
+    std::mutex mutex;
+    std::condition_variable wake;
+    bool stop = false;
+
+    std::string key(int rank) const { return prefix + "/beat/" + std::to_string(rank); }
+    std::vector<int64_t> counts() {
+      std::vector<int64_t> out;
+      for (int r = 0; r < env.world_size; ++r) out.push_back(store->add(key(r), 0));
+      return out;
+    }
+    void run() {
+      std::unique_lock<std::mutex> lock(mutex);
+      while (!stop) {
+        lock.unlock();
+        try {
+          store->add(key(env.rank), 1);
+        } catch (const std::exception&) {
+          // The store went away (rank 0 finished first, or failed); diagnose() will say so.
+        }
+        lock.lock();
+        wake.wait_for(lock, interval, [this] { return stop; });
+      }
+    }
+  };
+
+  // Every rank's count, or nothing when the store does not answer within 4 intervals. The
+  // query runs on a detached thread that owns what it uses, so a dead connection cannot hold
+  // the caller (std::async's future would join it).
+  static std::optional<std::vector<int64_t>> query(const std::shared_ptr<Shared>& shared) {
+    auto promise = std::make_shared<std::promise<std::vector<int64_t>>>();
+    auto answer = promise->get_future();
+    std::thread([shared, promise] {
+      try {
+        promise->set_value(shared->counts());
+      } catch (...) {
+        promise->set_exception(std::current_exception());
+      }
+    }).detach();
+    if (answer.wait_for(shared->interval * 4) != std::future_status::ready) return std::nullopt;
+    try {
+      return answer.get();
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+
+  static std::string unreachable(const Shared& shared) {
+    return "rank 0's rendezvous store at " + shared.env.master_addr + ":" + std::to_string(shared.env.master_port) +
+           " does not answer (rank 0 exited, or the network to it is down)";
+  }
+
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace accelerate::distributed

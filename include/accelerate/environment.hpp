@@ -1,0 +1,91 @@
+// environment_report(): versions, build settings, hardware, the distributed environment and
+// (for an Accelerator type) its policies, as `accelerate env` prints for bug reports.
+#pragma once
+
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <ATen/Version.h>
+#include <torch/cuda.h>
+
+#include <accelerate/compat/torch.hpp>
+#include <accelerate/detail/type_name.hpp>
+#include <accelerate/distributed/environment.hpp>
+#include <accelerate/version.hpp>
+
+extern char** environ;
+
+namespace accelerate {
+
+/// The environment, one "- key: value" line each, then LibTorch's own build configuration.
+/// Example:
+///   std::cout << accelerate::environment_report<Acc>();   // fashion_mnist --env
+inline std::string environment_report() {
+  std::ostringstream out;
+  out << "- accelerate-cpp version: " << version_string << '\n';
+  out << "- LibTorch version: " << compat::torch_version << '\n';
+#ifdef USE_C10D_GLOO
+  out << "- Gloo backend: compiled in\n";
+#else
+  out << "- Gloo backend: not in this LibTorch\n";
+#endif
+#ifdef USE_C10D_NCCL
+  out << "- NCCL backend: compiled in (ProcessGroupNCCL)\n";
+#else
+  out << "- NCCL backend: not in this LibTorch\n";
+#endif
+  out << "- CUDA available: " << (torch::cuda::is_available() ? "yes" : "no") << ", devices: "
+      << torch::cuda::device_count() << '\n';
+  out << "- Compiler: " <<
+#if defined(__clang__)
+      "clang "
+#elif defined(__GNUC__)
+      "g++ "
+#endif
+      << __VERSION__ << ", C++ " << __cplusplus << ", _GLIBCXX_USE_CXX11_ABI=" << _GLIBCXX_USE_CXX11_ABI << '\n';
+  struct utsname uts {};
+  if (::uname(&uts) == 0) out << "- Platform: " << uts.sysname << ' ' << uts.release << ' ' << uts.machine << '\n';
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  out << "- CPUs: " << std::thread::hardware_concurrency() << ", RAM: "
+      << (pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) / (1 << 30) : 0.0) << " GiB\n";
+  try {
+    const auto env = distributed::detect_environment();
+    out << "- Distributed environment: " << env.source;
+    if (env.launched())
+      out << ", rank " << env.rank << " of " << env.world_size << ", local rank " << env.local_rank << " of "
+          << env.local_world_size << ", rendezvous " << env.master_addr << ':' << env.master_port;
+    out << '\n';
+  } catch (const std::exception& e) {
+    out << "- Distributed environment: invalid (" << e.what() << ")\n";
+  }
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (entry.rfind("ACCELERATE_", 0) == 0 || entry.rfind("OMP_NUM_THREADS=", 0) == 0 ||
+        entry.rfind("GLOO_SOCKET_IFNAME=", 0) == 0 || entry.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0)
+      out << "- " << entry << '\n';
+  }
+  out << "- LibTorch build configuration:\n";
+  std::istringstream config(at::show_config());
+  for (std::string line; std::getline(config, line);)
+    if (!line.empty()) out << "    " << line << '\n';
+  return out.str();
+}
+
+/// The report plus the policies of Accelerator type `Acc`.
+template <class Acc>
+std::string environment_report() {
+  std::ostringstream out;
+  out << "- Policies: Backend=" << detail::type_name<typename Acc::backend_policy>()
+      << " Precision=" << detail::type_name<typename Acc::precision_policy>()
+      << " Accumulation=" << detail::type_name<typename Acc::accumulation_policy>()
+      << " Clip=" << detail::type_name<typename Acc::clip_policy>() << " (distributed_type "
+      << Acc::distributed_type() << ", mixed_precision " << Acc::mixed_precision() << ")\n";
+  return out.str() + environment_report();
+}
+
+}  // namespace accelerate
