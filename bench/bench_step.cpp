@@ -5,6 +5,9 @@
 // dominates and for an MNIST-sized MLP. Run with --benchmark_enable_random_interleaving=true
 // and repetitions so the sides alternate (bench/run_benchmarks.sh does).
 //
+// ACCELERATE_BENCH_DEVICE=cuda runs every side on the GPU (scripts/gpu-check.sh), each step
+// ending with a device synchronisation.
+//
 //   bench_step --count-steps raw|accelerator N   run N tiny-model steps without Google
 //                                                Benchmark, for instruction counts
 //                                                (bench/instructions.sh)
@@ -13,6 +16,7 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -38,6 +42,17 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
+// The device the benchmarks run on: the CPU, or CUDA with ACCELERATE_BENCH_DEVICE=cuda.
+torch::Device bench_device() {
+  const char* device = std::getenv("ACCELERATE_BENCH_DEVICE");
+  return device != nullptr && std::string(device) == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+}
+
+// Waits for the device, so that a GPU step's time is its real time.
+void finish_step() {
+  if (bench_device().is_cuda()) torch::cuda::synchronize();
+}
+
 template <class Model> struct Shape;
 template <> struct Shape<Tiny> {
   static constexpr int64_t in = 8, out = 4, batch = 16;
@@ -51,8 +66,8 @@ std::vector<torch::data::Example<>> make_batches() {
   torch::manual_seed(0);
   std::vector<torch::data::Example<>> batches;
   for (int i = 0; i < 16; ++i)
-    batches.push_back({torch::randn({Shape<Model>::batch, Shape<Model>::in}),
-                       torch::randint(0, Shape<Model>::out, {Shape<Model>::batch})});
+    batches.push_back({torch::randn({Shape<Model>::batch, Shape<Model>::in}).to(bench_device()),
+                       torch::randint(0, Shape<Model>::out, {Shape<Model>::batch}).to(bench_device())});
   return batches;
 }
 
@@ -60,6 +75,7 @@ template <class Model>
 void BM_RawLoopStep(benchmark::State& state) {
   torch::manual_seed(1);
   Model net;
+  net->to(bench_device());
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   const auto batches = make_batches<Model>();
   std::size_t i = 0;
@@ -69,12 +85,13 @@ void BM_RawLoopStep(benchmark::State& state) {
     auto loss = torch::cross_entropy_loss(net(x), y);
     loss.backward();
     opt.step();
+    finish_step();
   }
 }
 
 template <class Model>
 void BM_AcceleratorStep(benchmark::State& state) {
-  accelerate::Accelerator<> acc{{.cpu = true}};
+  accelerate::Accelerator<> acc{{.cpu = bench_device().is_cpu()}};
   torch::manual_seed(1);
   Model net;
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -88,6 +105,7 @@ void BM_AcceleratorStep(benchmark::State& state) {
     auto loss = torch::cross_entropy_loss(model(x), y);
     acc.backward(loss);
     opt.step();
+    finish_step();
   }
 }
 
@@ -121,6 +139,7 @@ void BM_RuntimeDispatchStep(benchmark::State& state) {
   std::unique_ptr<RuntimeFeatures> features = std::make_unique<RuntimeFeatures>();
   torch::manual_seed(1);
   Model net;
+  net->to(bench_device());
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   const auto batches = make_batches<Model>();
   std::size_t i = 0;
@@ -130,7 +149,7 @@ void BM_RuntimeDispatchStep(benchmark::State& state) {
     if (sync) opt.zero_grad();
     torch::Tensor logits;
     if (features->autocast()) {
-      accelerate::AutocastScope<accelerate::Bf16> scope(torch::kCPU);
+      accelerate::AutocastScope<accelerate::Bf16> scope(bench_device().type());
       logits = net(x).to(torch::kFloat);
     } else {
       logits = net(x);
@@ -141,6 +160,7 @@ void BM_RuntimeDispatchStep(benchmark::State& state) {
       features->before_step(opt);
       opt.step();
     }
+    finish_step();
   }
 }
 
@@ -149,6 +169,7 @@ template <class Model>
 void BM_RawLoopAccumulate4(benchmark::State& state) {
   torch::manual_seed(1);
   Model net;
+  net->to(bench_device());
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   const auto batches = make_batches<Model>();
   std::size_t i = 0;
@@ -159,12 +180,14 @@ void BM_RawLoopAccumulate4(benchmark::State& state) {
       opt.step();
       opt.zero_grad();
     }
+    finish_step();
   }
 }
 
 template <class Model>
 void BM_AcceleratorAccumulate4(benchmark::State& state) {
-  accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32, accelerate::Accumulate<4>> acc{{.cpu = true}};
+  accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32, accelerate::Accumulate<4>> acc{
+      {.cpu = bench_device().is_cpu()}};
   torch::manual_seed(1);
   Model net;
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -177,6 +200,7 @@ void BM_AcceleratorAccumulate4(benchmark::State& state) {
     acc.backward(torch::cross_entropy_loss(model(x), y));
     opt.step();
     opt.zero_grad();
+    finish_step();
   }
 }
 

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
-rounds="${2:-3}"
+rounds="${2:-5}"
 python=".venv/bin/python"
 out="bench/results/compare_python.jsonl"
 mkdir -p bench/results
@@ -48,17 +48,19 @@ for model in tiny mlp; do
   done
 done
 
-"$python" - "$out" <<'PY'
+"$python" - "$out" "$rounds" <<'PY'
 import collections, json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 groups = collections.defaultdict(lambda: collections.defaultdict(list))
 for r in rows:
     groups[(r["model"], r["nproc"], r["accum"])][r["impl"]].append(r["median_step_us"])
-print("\n| model | processes | accumulation | accelerate-cpp (us/step) | Python Accelerate | PyTorch DDP | Accelerate / ours | DDP / ours |")
+print("\n| model | processes | accumulation | accelerate-cpp (us/step) | Python Accelerate | PyTorch DDP | Accelerate / ours (median, min-max of rounds) | DDP / ours |")
 print("|---|---|---|---|---|---|---|---|")
 for (model, nproc, accum), impls in sorted(groups.items()):
-    ours = statistics.median(impls["accelerate-cpp"])
-    acc = statistics.median(impls["python-accelerate"])
-    ddp = statistics.median(impls["pytorch-ddp"])
-    print(f"| {model} | {nproc} | {accum} | {ours:.0f} | {acc:.0f} | {ddp:.0f} | {acc / ours:.2f} | {ddp / ours:.2f} |")
+    ours, acc, ddp = impls["accelerate-cpp"], impls["python-accelerate"], impls["pytorch-ddp"]
+    r_acc = [a / o for a, o in zip(acc, ours)]  # round by round: the three ran back to back
+    r_ddp = [d / o for d, o in zip(ddp, ours)]
+    print(f"| {model} | {nproc} | {accum} | {statistics.median(ours):.0f} | {statistics.median(acc):.0f} | "
+          f"{statistics.median(ddp):.0f} | {statistics.median(r_acc):.2f} ({min(r_acc):.2f}-{max(r_acc):.2f}) | "
+          f"{statistics.median(r_ddp):.2f} ({min(r_ddp):.2f}-{max(r_ddp):.2f}) |")
 PY

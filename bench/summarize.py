@@ -70,8 +70,8 @@ two_proc = statistics.median(by["BM_BucketedReducer/4"])
 _, ck = runs("bench_checkpoint.json")
 rates = defaultdict(list)
 for b in ck:
-    rates[b["run_name"]].append(b["bytes_per_second"] / 1e6)
-lines.append("| checkpoint (~300 MB of weights and Adam moments) | MB/s (median) |")
+    rates[b["run_name"].split("/")[0]].append(b["bytes_per_second"] / 1e6)
+lines.append("| checkpoint (~300 MB: 25M weights and two Adam moments) | MB/s (median of 3) |")
 lines.append("|---|---|")
 for name in ("BM_SaveState", "BM_PlainWrite", "BM_LoadState", "BM_PlainRead"):
     lines.append(f"| {name} | {statistics.median(rates[name]):.0f} |")
@@ -90,7 +90,7 @@ with open(os.path.join(out, "processes.dat"), "w") as f:
 plot = f"""
 set terminal png size 720,420
 set output '{out}/bucket_sweep.png'
-set title 'Step time against bucket cap (2 ranks, Gloo, ~9.5M parameters)'
+set title 'Step time against bucket cap (2 ranks, Gloo, 9.5M parameters)'
 set xlabel 'bucket cap (MB)'; set ylabel 'ms per step'; set logscale x; set grid
 set yrange [0:*]
 plot '{out}/bucket_sweep.dat' using 1:2 with linespoints lw 2 title 'bucketed, overlapped reducer', \\

@@ -6,10 +6,29 @@ include_guard(GLOBAL)
 include(AccelerateTorch)
 accelerate_find_torch()
 
-find_package(Boost 1.74 REQUIRED)
-find_package(range-v3 REQUIRED)
-find_package(nlohmann_json 3.10 REQUIRED)
-find_package(ZLIB REQUIRED)
+# On a machine without our Debian packages (a GPU host), scripts/prepare-gpu-carry.sh brings
+# the header-only ones in third_party/; they stand in for what find_package does not find.
+set(ACCELERATE_THIRD_PARTY_DIR "" CACHE PATH
+    "third_party/ made by scripts/prepare-gpu-carry.sh, used for what is not installed")
+function(_accelerate_header_only target found_var)
+  if(NOT ${found_var})
+    if(NOT ACCELERATE_THIRD_PARTY_DIR OR NOT EXISTS "${ACCELERATE_THIRD_PARTY_DIR}/include")
+      message(FATAL_ERROR "accelerate: ${target} not found; install it (scripts/quickstart.sh) "
+                          "or pass -DACCELERATE_THIRD_PARTY_DIR=<third_party>")
+    endif()
+    add_library(${target} INTERFACE IMPORTED GLOBAL)
+    set_target_properties(${target} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${ACCELERATE_THIRD_PARTY_DIR}/include")
+    message(STATUS "accelerate: ${target} from ${ACCELERATE_THIRD_PARTY_DIR}/include")
+  endif()
+endfunction()
+find_package(Boost 1.74 QUIET)
+_accelerate_header_only(Boost::headers Boost_FOUND)
+find_package(range-v3 QUIET)
+_accelerate_header_only(range-v3::range-v3 range-v3_FOUND)
+find_package(nlohmann_json 3.10 QUIET)
+_accelerate_header_only(nlohmann_json::nlohmann_json nlohmann_json_FOUND)
+# zlib reads the gzip'd IDX files; without it the reader pipes them through `gzip -dc`.
+find_package(ZLIB QUIET)
 # Optional: only <accelerate/config.hpp> (YAML run configurations) needs it.
 find_package(yaml-cpp QUIET)
 if(TARGET yaml-cpp)
@@ -22,7 +41,7 @@ endif()
 # Debian's libgloo-dev provides them (only pointers to gloo types appear in c10d's classes, so
 # the declarations are all that is needed; the code is inside libtorch_cpu).
 find_path(ACCELERATE_GLOO_INCLUDE_DIR gloo/algorithm.h
-  HINTS ${TORCH_INCLUDE_DIRS} "${PROJECT_SOURCE_DIR}/third_party/gloo/include"
+  HINTS ${TORCH_INCLUDE_DIRS} "${ACCELERATE_THIRD_PARTY_DIR}/include"
   DOC "Folder holding gloo/algorithm.h")
 if(NOT ACCELERATE_GLOO_INCLUDE_DIR)
   message(WARNING "accelerate: Gloo headers not found (apt-get install libgloo-dev); the Gloo "

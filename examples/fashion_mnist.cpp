@@ -2,12 +2,16 @@
 // written once; the Accelerator's policies decide how it runs. The last line printed is one
 // JSON object describing the run.
 #include <accelerate/accelerate.hpp>
+#ifdef ACCELERATE_EXAMPLE_YAML
+#include <accelerate/config.hpp>
+#endif
 
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <vector>
 #include <string>
@@ -42,12 +46,32 @@ struct Progress {
             << "usage: fashion_mnist [--nproc N] [--epochs N] [--batch-size N] [--lr X] [--seed N]\n"
             << "                     [--data DIR] [--precision fp32|bf16|fp16] [--accum K]\n"
             << "                     [--clip-norm X] [--project-dir DIR [--resume]]\n"
-            << "                     [--log-with jsonl,csv,tensorboard|all] [--no-progress] [--env]\n";
+            << "                     [--log-with jsonl,csv,tensorboard|all] [--no-progress] [--env]\n"
+            << "                     [--config default_config.yaml]   (precedence: flags, then ACCELERATE_*\n"
+            << "                                                       variables, then the file)\n";
   std::exit(2);
+}
+
+// The value of `--config FILE` in argv, if any.
+std::optional<std::string> config_file(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--config") return std::string(argv[i + 1]);
+  return std::nullopt;
+}
+
+// The run configuration a YAML file gives (Accelerate's default_config.yaml keys).
+accelerate::RunConfig file_config(const std::optional<std::string>& path) {
+  if (!path) return {};
+#ifdef ACCELERATE_EXAMPLE_YAML
+  return accelerate::load_run_config(*path);
+#else
+  usage("--config needs yaml-cpp, which this build lacks");
+#endif
 }
 
 Args parse(int argc, char** argv) {
   Args a;
+  a.run = file_config(config_file(argc, argv));
   a.run.with_environment();
   a.run.num_processes = accelerate::distributed::detect_environment().world_size;
   for (int i = 1; i < argc; ++i) {
@@ -66,6 +90,7 @@ Args parse(int argc, char** argv) {
       else if (flag == "--project-dir") a.project_dir = value();
       else if (flag == "--resume") a.resume = true;
       else if (flag == "--env") a.env = true;
+      else if (flag == "--config") value();  // read before the other flags
       else if (flag == "--log-with") {
         std::stringstream list(value());
         for (std::string name; std::getline(list, name, ',');) a.log_with.push_back(name);
@@ -210,6 +235,14 @@ using Supported = accelerate::all_combinations<
     accelerate::type_list<accelerate::NoClip, accelerate::ClipNorm<>>>;
 
 int main(int argc, char** argv) {
+  // A config file's num_processes starts that many ranks unless --nproc or the variable says.
+  try {
+    const auto config = file_config(config_file(argc, argv));
+    if (config.num_processes > 1) ::setenv("ACCELERATE_NUM_PROCESSES", std::to_string(config.num_processes).c_str(), 0);
+  } catch (const accelerate::Error& e) {
+    std::cerr << "fashion_mnist: " << e.what() << "\n";
+    return 2;
+  }
   return accelerate::launch(argc, argv, [](int argc, char** argv) {
     try {
       const Args args = parse(argc, argv);

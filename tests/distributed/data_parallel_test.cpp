@@ -112,4 +112,42 @@ TEST(DataParallelGradients, AreTheMeanOfLocalGradientsAcrossBuckets) {
   EXPECT_TRUE(torch::equal(load_tensor(job.dir / "grad_rank0.bin"), load_tensor(job.dir / "grad_rank1.bin")));
 }
 
+// fc2 is used only when the flag says so: with it unused, its bucket can never complete.
+struct BranchyImpl : torch::nn::Module {
+  BranchyImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(8, 8))), fc2(register_module("fc2", torch::nn::Linear(8, 8))) {}
+  torch::Tensor forward(const torch::Tensor& x, bool use_fc2) { return use_fc2 ? fc2(fc1(x)) : fc1(x); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Branchy);
+
+ACCELERATE_WORKER(unused_parameters) {
+  const bool tolerate = std::getenv("ACCELERATE_TEST_ARGS") && std::string(std::getenv("ACCELERATE_TEST_ARGS")).find("find") != std::string::npos;
+  accelerate::Accelerator<accelerate::Gloo> acc{{.timeout = 60s, .find_unused_parameters = tolerate}};
+  Branchy net;
+  auto [model] = acc.prepare(net);
+  acc.backward(model(torch::randn({4, 8}), true).sum());  // every parameter used
+  for (auto& p : net->parameters()) p.mutable_grad().reset();
+  try {
+    acc.backward(model(torch::randn({4, 8}), false).sum());  // fc2 unused
+  } catch (const accelerate::Error& e) {
+    std::cerr << e.what() << std::endl;
+    return tolerate ? 3 : 0;  // without find_unused_parameters the error is the expected outcome
+  }
+  if (!tolerate) return 4;
+  // Tolerated: fc1 is averaged, and fc2's gradient is the average of nothing, zero.
+  return net->fc2->weight.grad().defined() && net->fc2->weight.grad().abs().sum().item<double>() == 0 ? 0 : 5;
+}
+
+TEST(DataParallelGradients, UnusedParametersAreNamedOrToleratedOnRequest) {
+  auto strict = run_job("unused_parameters", {.world_size = 2});
+  EXPECT_EQ(strict.exit_code, 0) << strict.logs();
+  EXPECT_NE(strict.log(0).find("2 parameter(s) received no gradient in this backward pass"), std::string::npos)
+      << strict.logs();
+  EXPECT_NE(strict.log(0).find("fc2.weight fc2.bias"), std::string::npos) << strict.logs();
+  EXPECT_NE(strict.log(0).find("find_unused_parameters = true"), std::string::npos) << strict.logs();
+  auto tolerant = run_job("unused_parameters", {.world_size = 2, .args = {"find"}});
+  EXPECT_EQ(tolerant.exit_code, 0) << tolerant.logs();
+}
+
 }  // namespace

@@ -1,7 +1,11 @@
 // Reader for gzip'd IDX files (the MNIST family's format) and the Fashion-MNIST splits.
 #pragma once
 
+#ifndef ACCELERATE_IDX_WITHOUT_ZLIB
 #include <zlib.h>
+#else
+#include <cstdio>
+#endif
 
 #include <array>
 #include <cstdint>
@@ -24,14 +28,29 @@ inline const std::filesystem::path fashion_mnist_default_dir = "/usr/share/datas
 inline at::Tensor read_idx(const std::filesystem::path& path) {
   ACCELERATE_CHECK(std::filesystem::exists(path), "read_idx: ", path.string(),
                    ": no such file");
+#ifndef ACCELERATE_IDX_WITHOUT_ZLIB
   gzFile file = gzopen(path.c_str(), "rb");
   ACCELERATE_CHECK(file != nullptr, "read_idx: ", path.string(), ": cannot open");
   struct Closer {
     gzFile f;
     ~Closer() { gzclose(f); }
   } closer{file};
+  auto read_some = [&](void* out, unsigned bytes) { return gzread(file, out, bytes); };
+#else
+  // Built without zlib: decompress through gzip(1). The path is quoted for the shell.
+  std::string quoted = "'";
+  for (const char c : path.string()) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  FILE* file = ::popen(("gzip -dc " + quoted).c_str(), "r");
+  ACCELERATE_CHECK(file != nullptr, "read_idx: ", path.string(), ": cannot run gzip -dc");
+  struct Closer {
+    FILE* f;
+    ~Closer() { ::pclose(f); }
+  } closer{file};
+  auto read_some = [&](void* out, unsigned bytes) { return static_cast<int>(std::fread(out, 1, bytes, file)); };
+#endif
   auto read_exact = [&](void* out, unsigned bytes, const char* what) {
-    const int got = gzread(file, out, bytes);
+    const int got = read_some(out, bytes);
     ACCELERATE_CHECK(got == static_cast<int>(bytes), "read_idx: ", path.string(),
                      ": truncated while reading the ", what, " (wanted ", bytes, " bytes, got ",
                      got, ")");
