@@ -71,6 +71,24 @@ std::vector<torch::data::Example<>> make_batches() {
   return batches;
 }
 
+// One step of each side, shared by the benchmarks and --count-steps.
+template <class Net>
+void raw_step(Net& net, torch::optim::Optimizer& opt, const torch::data::Example<>& batch) {
+  opt.zero_grad();
+  auto loss = torch::cross_entropy_loss(net(batch.data), batch.target);
+  loss.backward();
+  opt.step();
+}
+
+template <class Acc, class Model, class Opt>
+void accelerator_step(Acc& acc, Model& model, Opt& opt, const torch::data::Example<>& batch) {
+  auto step = acc.accumulate(model);
+  opt.zero_grad();
+  auto loss = torch::cross_entropy_loss(model(batch.data), batch.target);
+  acc.backward(loss);
+  opt.step();
+}
+
 template <class Model>
 void BM_RawLoopStep(benchmark::State& state) {
   torch::manual_seed(1);
@@ -80,11 +98,7 @@ void BM_RawLoopStep(benchmark::State& state) {
   const auto batches = make_batches<Model>();
   std::size_t i = 0;
   for (auto _ : state) {
-    const auto& [x, y] = batches[i++ % batches.size()];
-    opt.zero_grad();
-    auto loss = torch::cross_entropy_loss(net(x), y);
-    loss.backward();
-    opt.step();
+    raw_step(net, opt, batches[i++ % batches.size()]);
     finish_step();
   }
 }
@@ -99,12 +113,7 @@ void BM_AcceleratorStep(benchmark::State& state) {
   const auto batches = make_batches<Model>();
   std::size_t i = 0;
   for (auto _ : state) {
-    const auto& [x, y] = batches[i++ % batches.size()];
-    auto step = acc.accumulate(model);
-    opt.zero_grad();
-    auto loss = torch::cross_entropy_loss(model(x), y);
-    acc.backward(loss);
-    opt.step();
+    accelerator_step(acc, model, opt, batches[i++ % batches.size()]);
     finish_step();
   }
 }
@@ -220,24 +229,13 @@ int count_steps(const std::string& side, long steps) {
   Tiny net;
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   if (side == "raw") {
-    for (long i = 0; i < steps; ++i) {
-      const auto& [x, y] = batches[static_cast<std::size_t>(i) % batches.size()];
-      sgd.zero_grad();
-      torch::cross_entropy_loss(net(x), y).backward();
-      sgd.step();
-    }
+    for (long i = 0; i < steps; ++i) raw_step(net, sgd, batches[static_cast<std::size_t>(i) % batches.size()]);
     return 0;
   }
   if (side == "accelerator") {
     accelerate::Accelerator<> acc{{.cpu = true}};
     auto [model, opt] = acc.prepare(net, sgd);
-    for (long i = 0; i < steps; ++i) {
-      const auto& [x, y] = batches[static_cast<std::size_t>(i) % batches.size()];
-      auto step = acc.accumulate(model);
-      opt.zero_grad();
-      acc.backward(torch::cross_entropy_loss(model(x), y));
-      opt.step();
-    }
+    for (long i = 0; i < steps; ++i) accelerator_step(acc, model, opt, batches[static_cast<std::size_t>(i) % batches.size()]);
     return 0;
   }
   std::cerr << "bench_step: --count-steps takes raw or accelerator\n";

@@ -7,24 +7,14 @@
 
 #include <cstdlib>
 
+#include "../support/models.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace {
 
 namespace ckpt = accelerate::checkpoint;
+using accelerate::testing::Wide;
 
-// The architecture of interop.py's Wide, with the same names.
-struct WideImpl : torch::nn::Module {
-  WideImpl()
-      : big(register_module("big", torch::nn::Linear(64, 64))),
-        small1(register_module("small1", torch::nn::Linear(8, 8))),
-        small2(register_module("small2", torch::nn::Linear(8, 8))),
-        norm(register_module("norm", torch::nn::BatchNorm1d(8))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return norm(small2(small1(big(x).narrow(1, 0, 8)))); }
-  torch::nn::Linear big, small1, small2;
-  torch::nn::BatchNorm1d norm;
-};
-TORCH_MODULE(Wide);
 
 int python(const std::string& args) {
   const std::string command = std::string(ACCELERATE_TEST_PYTHON) + " " + ACCELERATE_INTEROP_SCRIPT + " " + args;

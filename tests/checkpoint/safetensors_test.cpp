@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "../support/models.hpp"
+#include "../support/errors.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace {
@@ -15,15 +16,9 @@ namespace {
 namespace ckpt = accelerate::checkpoint;
 using accelerate::testing::TempDir;
 using accelerate::testing::TinyNet;
+using accelerate::testing::Wide;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const accelerate::Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using accelerate::testing::error_of;
 
 TEST(Safetensors, EveryDtypeRoundTrips) {
   TempDir dir;
@@ -70,18 +65,6 @@ TEST(Safetensors, SizesParseLikeAccelerate) {
   EXPECT_NE(error_of([] { ckpt::parse_size("lots"); }).find("'lots' is not a size"), std::string::npos);
 }
 
-// A model with one large layer and several small ones.
-struct WideImpl : torch::nn::Module {
-  WideImpl()
-      : big(register_module("big", torch::nn::Linear(64, 64))),       // 16 KiB weight
-        small1(register_module("small1", torch::nn::Linear(8, 8))),
-        small2(register_module("small2", torch::nn::Linear(8, 8))),
-        norm(register_module("norm", torch::nn::BatchNorm1d(8))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return norm(small2(small1(big(x).narrow(1, 0, 8)))); }
-  torch::nn::Linear big, small1, small2;
-  torch::nn::BatchNorm1d norm;
-};
-TORCH_MODULE(Wide);
 
 TEST(SaveModel, ATensorLargerThanTheCapGetsAShardOfItsOwn) {
   TempDir dir;

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "../support/models.hpp"
+#include "../support/errors.hpp"
 #include "../support/temp_dir.hpp"
 
 // A plain struct, checkpointed member by member through Boost.Hana.
@@ -36,14 +37,7 @@ using accelerate::testing::TinyNet;
 using accelerate::testing::flat_parameters;
 using accelerate::testing::regression_data;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const accelerate::Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using accelerate::testing::error_of;
 
 template <class Optimizer, class Options>
 void expect_optimizer_round_trip(const Options& options) {

@@ -8,24 +8,13 @@
 
 namespace {
 
+using accelerate::testing::Probe;
 using accelerate::testing::TinyNet;
 using accelerate::testing::flat_parameters;
 
 #define ACCELERATE_REQUIRE_CUDA() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
-// Records the dtype of its first Linear's output, inside the model.
-struct ProbeImpl : torch::nn::Module {
-  ProbeImpl() : fc1(register_module("fc1", torch::nn::Linear(8, 16))), fc2(register_module("fc2", torch::nn::Linear(16, 4))) {}
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = fc1(x);
-    inner = h.scalar_type();
-    return fc2(torch::relu(h));
-  }
-  torch::nn::Linear fc1, fc2;
-  torch::ScalarType inner = torch::kFloat;
-};
-TORCH_MODULE(Probe);
 
 using Fp16 = accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp16>;
 

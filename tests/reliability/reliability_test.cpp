@@ -92,6 +92,12 @@ std::vector<std::string> trainer(std::vector<std::string> args) {
   return args;
 }
 
+// The trainer's command line: arguments shared by a test's runs, then this run's.
+std::vector<std::string> trainer(std::vector<std::string> common, const std::vector<std::string>& extra) {
+  common.insert(common.end(), extra.begin(), extra.end());
+  return trainer(std::move(common));
+}
+
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 std::mt19937 random_engine() {
@@ -219,11 +225,7 @@ TEST(CrashDuringSave, TheLatestCompleteCheckpointAlwaysLoadsAndIsIntact) {
 TEST(KillAndResume, FinishesWithTheModelOfAnUninterruptedRun) {
   TempDir dir;
   const std::vector<std::string> common = {"--nproc", "2", "--steps", "60", "--step-ms", "30", "--checkpoint-every", "5"};
-  auto with = [&](std::vector<std::string> extra) {
-    auto args = common;
-    args.insert(args.end(), extra.begin(), extra.end());
-    return trainer(args);
-  };
+  auto with = [&](const std::vector<std::string>& extra) { return trainer(common, extra); };
   const auto straight = spawn(with({"--out", (dir / "straight").string()}), {}, dir / "straight.log");
   ASSERT_EQ(wait_for(straight, 120s), 0) << read_file(straight.log);
   const auto expected = read_file(dir / "straight" / "model" / "model.safetensors");
@@ -250,11 +252,7 @@ TEST(KillAndResume, FinishesWithTheModelOfAnUninterruptedRun) {
 void expect_preemption_then_exact_resume(bool signal_the_launcher, int sig) {
   TempDir dir;
   const std::vector<std::string> common = {"--nproc", "2", "--steps", "150", "--step-ms", "20", "--preemptible"};
-  auto with = [&](std::vector<std::string> extra) {
-    auto args = common;
-    args.insert(args.end(), extra.begin(), extra.end());
-    return trainer(args);
-  };
+  auto with = [&](const std::vector<std::string>& extra) { return trainer(common, extra); };
   const auto straight = spawn(with({"--out", (dir / "straight").string()}), {}, dir / "straight.log");
   ASSERT_EQ(wait_for(straight, 120s), 0) << read_file(straight.log);
 

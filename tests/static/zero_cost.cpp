@@ -58,8 +58,8 @@ static_assert(sizeof(PreparedScheduler<torch::optim::StepLR, Default>) ==
 // NoClip adds no code path to the optimizer: it needs the accelerator only for real policies.
 static_assert(Accelerator<SingleProcess, Fp32, NoAccumulation, ClipNorm<>>::optimizer_needs_accelerator);
 
-// sync_gradients() of a non-accumulating accelerator is a constant expression.
-constexpr bool sync_is_constant(const Default& acc) { return acc.sync_gradients(); }
+// Without accumulation, accumulate() returns AlwaysSyncScope, whose sync_gradients() is a
+// static constexpr true (asserted above), so `if (step.sync_gradients())` folds away.
 static_assert(std::is_same_v<decltype(&Default::sync_gradients), bool (Default::*)() const noexcept>);
 
 }  // namespace

@@ -19,6 +19,34 @@ struct TinyNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(TinyNet);
 
+/// Records the dtype of its first Linear's output, inside the model (autocast tests).
+struct ProbeImpl : torch::nn::Module {
+  ProbeImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(8, 16))), fc2(register_module("fc2", torch::nn::Linear(16, 4))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = fc1(x);
+    inner = h.scalar_type();
+    return fc2(torch::relu(h));
+  }
+  torch::nn::Linear fc1, fc2;
+  torch::ScalarType inner = torch::kFloat;
+};
+TORCH_MODULE(Probe);
+
+/// One large layer, small ones and batch norm buffers (sharding and interoperability tests).
+/// Python's twin is Wide in tests/checkpoint/interop.py.
+struct WideImpl : torch::nn::Module {
+  WideImpl()
+      : big(register_module("big", torch::nn::Linear(64, 64))),  // 16 KiB weight
+        small1(register_module("small1", torch::nn::Linear(8, 8))),
+        small2(register_module("small2", torch::nn::Linear(8, 8))),
+        norm(register_module("norm", torch::nn::BatchNorm1d(8))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return norm(small2(small1(big(x).narrow(1, 0, 8)))); }
+  torch::nn::Linear big, small1, small2;
+  torch::nn::BatchNorm1d norm;
+};
+TORCH_MODULE(Wide);
+
 /// A regression dataset with a fixed seed: inputs [n, in], targets [n, out].
 inline data::TensorDataset regression_data(int64_t n, int64_t in = 8, int64_t out = 4,
                                            uint64_t seed = 1234) {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "../support/errors.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace {
@@ -15,14 +16,7 @@ namespace {
 using accelerate::RunConfig;
 using accelerate::testing::TempDir;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const accelerate::Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using accelerate::testing::error_of;
 
 using Presets = accelerate::all_combinations<
     accelerate::type_list<accelerate::SingleProcess, accelerate::Gloo>, accelerate::type_list<accelerate::Fp32, accelerate::Bf16>,

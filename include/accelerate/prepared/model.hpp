@@ -30,12 +30,7 @@ class PreparedModel {
   using Impl = typename detail::module_impl<Holder>::type;
   using Precision = typename Acc::precision_policy;
   using ModelSync = typename Acc::engine_type::ModelSync;
-  static constexpr bool needs_accelerator = Precision::autocast;
-
-  struct NoAccelerator {
-    NoAccelerator(const Acc*) noexcept {}
-  };
-  using AccRef = std::conditional_t<needs_accelerator, const Acc*, NoAccelerator>;
+  using AccRef = detail::accelerator_ref<const Acc, Precision::autocast>;
 
  public:
   PreparedModel(Holder module, const Acc* accelerator, ModelSync sync)

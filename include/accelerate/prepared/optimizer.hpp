@@ -12,6 +12,7 @@
 
 #include <accelerate/checkpoint/optimizer_state.hpp>
 #include <accelerate/checkpoint/stateful.hpp>
+#include <accelerate/prepared/preparable.hpp>
 
 namespace accelerate {
 
@@ -25,10 +26,7 @@ namespace accelerate {
 template <class Optimizer, class Acc>
 class PreparedOptimizer {
   static constexpr bool needs_accelerator = Acc::optimizer_needs_accelerator;
-  struct NoAccelerator {
-    NoAccelerator(Acc*) noexcept {}
-  };
-  using AccRef = std::conditional_t<needs_accelerator, Acc*, NoAccelerator>;
+  using AccRef = detail::accelerator_ref<Acc, needs_accelerator>;
   using AmpSlot = typename Acc::optimizer_amp_slot;
 
  public:

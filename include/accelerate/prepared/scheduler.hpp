@@ -9,6 +9,7 @@
 #include <torch/optim/schedulers/lr_scheduler.h>
 
 #include <accelerate/checkpoint/stateful.hpp>
+#include <accelerate/prepared/preparable.hpp>
 #include <accelerate/compat/torch.hpp>
 
 namespace accelerate {
@@ -24,10 +25,7 @@ namespace accelerate {
 template <class Scheduler, class Acc>
 class PreparedScheduler {
   static constexpr bool needs_accelerator = Acc::scheduler_needs_accelerator;
-  struct NoAccelerator {
-    NoAccelerator(Acc*) noexcept {}
-  };
-  using AccRef = std::conditional_t<needs_accelerator, Acc*, NoAccelerator>;
+  using AccRef = detail::accelerator_ref<Acc, needs_accelerator>;
 
  public:
   PreparedScheduler(std::shared_ptr<Scheduler> scheduler, Acc* accelerator)
