@@ -71,6 +71,22 @@ std::vector<torch::data::Example<>> make_batches() {
   return batches;
 }
 
+// What every side starts from: the same initial weights, optimizer and batches.
+template <class Model>
+Model seeded_model() {
+  torch::manual_seed(1);
+  return Model{};
+}
+
+template <class Model>
+struct Workload {
+  Model net = seeded_model<Model>();
+  torch::optim::SGD sgd{net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9)};
+  const std::vector<torch::data::Example<>> batches = make_batches<Model>();
+
+  const torch::data::Example<>& batch(std::size_t i) const { return batches[i % batches.size()]; }
+};
+
 // One step of each side, shared by the benchmarks and --count-steps.
 template <class Net>
 void raw_step(Net& net, torch::optim::Optimizer& opt, const torch::data::Example<>& batch) {
@@ -91,14 +107,11 @@ void accelerator_step(Acc& acc, Model& model, Opt& opt, const torch::data::Examp
 
 template <class Model>
 void BM_RawLoopStep(benchmark::State& state) {
-  torch::manual_seed(1);
-  Model net;
-  net->to(bench_device());
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  const auto batches = make_batches<Model>();
+  Workload<Model> w;
+  w.net->to(bench_device());
   std::size_t i = 0;
   for (auto _ : state) {
-    raw_step(net, opt, batches[i++ % batches.size()]);
+    raw_step(w.net, w.sgd, w.batch(i++));
     finish_step();
   }
 }
@@ -106,14 +119,11 @@ void BM_RawLoopStep(benchmark::State& state) {
 template <class Model>
 void BM_AcceleratorStep(benchmark::State& state) {
   accelerate::Accelerator<> acc{{.cpu = bench_device().is_cpu()}};
-  torch::manual_seed(1);
-  Model net;
-  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  auto [model, opt] = acc.prepare(net, sgd);
-  const auto batches = make_batches<Model>();
+  Workload<Model> w;
+  auto [model, opt] = acc.prepare(w.net, w.sgd);
   std::size_t i = 0;
   for (auto _ : state) {
-    accelerator_step(acc, model, opt, batches[i++ % batches.size()]);
+    accelerator_step(acc, model, opt, w.batch(i++));
     finish_step();
   }
 }
@@ -146,28 +156,25 @@ class RuntimeFeatures {
 template <class Model>
 void BM_RuntimeDispatchStep(benchmark::State& state) {
   std::unique_ptr<RuntimeFeatures> features = std::make_unique<RuntimeFeatures>();
-  torch::manual_seed(1);
-  Model net;
-  net->to(bench_device());
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  const auto batches = make_batches<Model>();
+  Workload<Model> w;
+  w.net->to(bench_device());
   std::size_t i = 0;
   for (auto _ : state) {
-    const auto& [x, y] = batches[i++ % batches.size()];
+    const auto& [x, y] = w.batch(i++);
     const bool sync = features->accumulate();
-    if (sync) opt.zero_grad();
+    if (sync) w.sgd.zero_grad();
     torch::Tensor logits;
     if (features->autocast()) {
       accelerate::AutocastScope<accelerate::Bf16> scope(bench_device().type());
-      logits = net(x).to(torch::kFloat);
+      logits = w.net(x).to(torch::kFloat);
     } else {
-      logits = net(x);
+      logits = w.net(x);
     }
     auto loss = torch::cross_entropy_loss(logits, y);
     features->scale(loss / features->steps_).backward();
     if (sync) {
-      features->before_step(opt);
-      opt.step();
+      features->before_step(w.sgd);
+      w.sgd.step();
     }
     finish_step();
   }
@@ -176,18 +183,15 @@ void BM_RuntimeDispatchStep(benchmark::State& state) {
 // Accumulation over 4 micro-steps: each benchmark iteration is one micro-step.
 template <class Model>
 void BM_RawLoopAccumulate4(benchmark::State& state) {
-  torch::manual_seed(1);
-  Model net;
-  net->to(bench_device());
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  const auto batches = make_batches<Model>();
+  Workload<Model> w;
+  w.net->to(bench_device());
   std::size_t i = 0;
   for (auto _ : state) {
-    const auto& [x, y] = batches[i % batches.size()];
-    (torch::cross_entropy_loss(net(x), y) / 4).backward();
+    const auto& [x, y] = w.batch(i);
+    (torch::cross_entropy_loss(w.net(x), y) / 4).backward();
     if (++i % 4 == 0) {
-      opt.step();
-      opt.zero_grad();
+      w.sgd.step();
+      w.sgd.zero_grad();
     }
     finish_step();
   }
@@ -197,14 +201,11 @@ template <class Model>
 void BM_AcceleratorAccumulate4(benchmark::State& state) {
   accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32, accelerate::Accumulate<4>> acc{
       {.cpu = bench_device().is_cpu()}};
-  torch::manual_seed(1);
-  Model net;
-  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  auto [model, opt] = acc.prepare(net, sgd);
-  const auto batches = make_batches<Model>();
+  Workload<Model> w;
+  auto [model, opt] = acc.prepare(w.net, w.sgd);
   std::size_t i = 0;
   for (auto _ : state) {
-    const auto& [x, y] = batches[i++ % batches.size()];
+    const auto& [x, y] = w.batch(i++);
     auto step = acc.accumulate(model);
     acc.backward(torch::cross_entropy_loss(model(x), y));
     opt.step();
@@ -224,18 +225,15 @@ BENCHMARK(BM_AcceleratorAccumulate4<Mlp>)->Name("BM_AcceleratorAccumulate4/mlp")
 
 // N tiny-model steps of one side, for callgrind.
 int count_steps(const std::string& side, long steps) {
-  const auto batches = make_batches<Tiny>();
-  torch::manual_seed(1);
-  Tiny net;
-  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  Workload<Tiny> w;
   if (side == "raw") {
-    for (long i = 0; i < steps; ++i) raw_step(net, sgd, batches[static_cast<std::size_t>(i) % batches.size()]);
+    for (long i = 0; i < steps; ++i) raw_step(w.net, w.sgd, w.batch(static_cast<std::size_t>(i)));
     return 0;
   }
   if (side == "accelerator") {
     accelerate::Accelerator<> acc{{.cpu = true}};
-    auto [model, opt] = acc.prepare(net, sgd);
-    for (long i = 0; i < steps; ++i) accelerator_step(acc, model, opt, batches[static_cast<std::size_t>(i) % batches.size()]);
+    auto [model, opt] = acc.prepare(w.net, w.sgd);
+    for (long i = 0; i < steps; ++i) accelerator_step(acc, model, opt, w.batch(static_cast<std::size_t>(i)));
     return 0;
   }
   std::cerr << "bench_step: --count-steps takes raw or accelerator\n";

@@ -105,6 +105,14 @@ struct ResumeCase {
   std::size_t accum;
   int stop_epoch;
   int stop_batch;
+
+  std::string name() const {
+    return std::to_string(world) + "ranks_" + (precision == "no" ? "fp32" : precision) + "_accum" +
+           std::to_string(accum) + "_epoch" + std::to_string(stop_epoch) +
+           (stop_batch < 0 ? std::string("_end") : "_batch" + std::to_string(stop_batch));
+  }
+  // gtest prints the parameter in the test's description; bytes would say nothing.
+  friend void PrintTo(const ResumeCase& c, std::ostream* out) { *out << c.name(); }
 };
 
 class Resume : public ::testing::TestWithParam<ResumeCase> {};
@@ -137,11 +145,6 @@ INSTANTIATE_TEST_SUITE_P(
                       ResumeCase{2, "no", 1, 0, -1},   // two ranks
                       ResumeCase{2, "no", 2, 0, 4},    // two ranks, accumulation, mid-epoch
                       ResumeCase{2, "bf16", 2, 0, -1}),
-    [](const auto& info) {
-      const auto& p = info.param;
-      return std::to_string(p.world) + "ranks_" + (p.precision == "no" ? "fp32" : p.precision) + "_accum" +
-             std::to_string(p.accum) + "_epoch" + std::to_string(p.stop_epoch) +
-             (p.stop_batch < 0 ? std::string("_end") : "_batch" + std::to_string(p.stop_batch));
-    });
+    [](const auto& info) { return info.param.name(); });
 
 }  // namespace
