@@ -17,23 +17,18 @@ mkdir -p bench/results
 export PYTHONPATH="$PWD/bench/python" OMP_NUM_THREADS=1
 
 run_ours() { "$build/bench/compare_step" --model "$1" --nproc "$2" --accum "$3" | tail -1; }
-run_accelerate() {
-  if [[ "$2" == 1 ]]; then
-    "$python" bench/python/step_accelerate.py --model "$1" --accum "$3"
+# A Python side: one process directly, several as a torchrun job (Accelerate then joins as
+# MULTI_CPU over gloo, as `accelerate launch` arranges). Each side has its own port.
+run_python() {  # script port model nproc accum
+  if [[ "$4" == 1 ]]; then
+    "$python" "bench/python/$1" --model "$3" --accum "$5"
   else
-    # Accelerate joins a torchrun job as MULTI_CPU (gloo), as `accelerate launch` arranges.
-    "$python" -m torch.distributed.run --nproc_per_node "$2" --master_port 29534 \
-      bench/python/step_accelerate.py --model "$1" --accum "$3" 2>/dev/null
+    "$python" -m torch.distributed.run --nproc_per_node "$4" --master_port "$2" \
+      "bench/python/$1" --model "$3" --accum "$5" 2>/dev/null
   fi | tail -1
 }
-run_ddp() {
-  if [[ "$2" == 1 ]]; then
-    "$python" bench/python/step_ddp.py --model "$1" --accum "$3"
-  else
-    "$python" -m torch.distributed.run --nproc_per_node "$2" --master_port 29533 \
-      bench/python/step_ddp.py --model "$1" --accum "$3" 2>/dev/null
-  fi | tail -1
-}
+run_accelerate() { run_python step_accelerate.py 29534 "$@"; }
+run_ddp() { run_python step_ddp.py 29533 "$@"; }
 
 for model in tiny mlp; do
   for nproc in 1 2; do

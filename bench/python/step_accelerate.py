@@ -3,7 +3,6 @@
     accelerate launch --num_processes N --cpu step_accelerate.py --model tiny --accum K
 Prints one JSON line from the main process, in compare_step's format.
 """
-import argparse
 import json
 import statistics
 import time
@@ -11,14 +10,9 @@ import time
 import torch
 from accelerate import Accelerator
 
-from models import make_model
+from models import make_model, parse_args
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--model", default="tiny")
-parser.add_argument("--accum", type=int, default=1)
-parser.add_argument("--steps", type=int, default=300)
-parser.add_argument("--warmup", type=int, default=30)
-args = parser.parse_args()
+args = parse_args()
 
 torch.set_num_threads(1)
 accelerator = Accelerator(cpu=True, gradient_accumulation_steps=args.accum)

@@ -3,7 +3,6 @@
     torchrun --nproc_per_node N step_ddp.py --model tiny --accum K
 Accumulation uses no_sync on the micro-steps, as a careful hand-written loop does.
 """
-import argparse
 import contextlib
 import json
 import os
@@ -13,14 +12,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from models import make_model
+from models import make_model, parse_args
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--model", default="tiny")
-parser.add_argument("--accum", type=int, default=1)
-parser.add_argument("--steps", type=int, default=300)
-parser.add_argument("--warmup", type=int, default=30)
-args = parser.parse_args()
+args = parse_args()
 
 torch.set_num_threads(1)
 distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
