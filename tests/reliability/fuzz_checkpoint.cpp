@@ -34,7 +34,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto file = accelerate::checkpoint::SafetensorsFile::open(tensors);
     for (const auto& name : file.names()) {
       const auto t = file.tensor(name);
-      if (t.numel() > 0) (void)t.reshape(-1)[t.numel() - 1].item();  // touch the last element
+      if (t.numel() > 0) {
+        (void)t.reshape(-1)[t.numel() - 1].item();  // touch the last element
+        t.reshape(-1)[0].zero_();                   // tensors handed out are writable
+      }
     }
   } catch (const accelerate::Error&) {
   }

@@ -1,6 +1,12 @@
 // Safetensors files: a writer, and a reader that validates the whole header (length, JSON,
-// dtypes, shapes, offsets) before touching any tensor data and memory-maps the file.
-// Format: 8-byte little-endian header length N, N bytes of JSON, then the tensors' bytes.
+// dtypes, shapes, offsets, duplicate names) before touching any tensor data and maps the file
+// copy-on-write. Format: 8-byte little-endian header length N, N bytes of JSON, then the
+// tensors' bytes.
+//
+// The header comes from outside, so it is parsed as a stream against the format's fixed shape
+// (an object of tensor descriptions plus "__metadata__" of strings, nothing nested deeper):
+// memory stays a small multiple of the header's size whatever the file holds. (A DOM parse of
+// a 99 MB header of nested arrays took 3.7 GB.)
 #pragma once
 
 #include <fcntl.h>
@@ -17,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +31,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <accelerate/checkpoint/files.hpp>
 #include <accelerate/detail/check.hpp>
 
 namespace accelerate::checkpoint {
@@ -42,15 +50,168 @@ inline constexpr DtypeName dtype_names[] = {
 /// Largest header accepted (the safetensors library's own limit).
 inline constexpr std::uint64_t max_header_bytes = 100'000'000;
 
-/// An open file descriptor, closed on scope exit.
-struct Fd {
-  int fd = -1;
-  explicit Fd(int value) : fd(value) {}
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
+using checkpoint::Fd;
+
+/// Most dimensions a tensor description may have (LibTorch itself stays far below this).
+inline constexpr std::size_t max_dims = 64;
+
+/// One tensor description as read, before its meaning is checked.
+struct RawEntry {
+  std::string dtype;
+  std::vector<std::uint64_t> shape;
+  std::vector<std::uint64_t> offsets;
+  bool has_dtype = false, has_shape = false, has_offsets = false;
+};
+
+/// Streaming reader of a safetensors header (nlohmann's SAX interface): enforces the format's
+/// shape as it goes and stops at the first problem, which it keeps in `error`.
+struct HeaderReader {
+  using json = nlohmann::json;
+  std::map<std::string, RawEntry> entries;
+  std::map<std::string, std::string> metadata;
+  std::string error;
+
+  // Where the parser is: 0 outside, 1 in the top object, 2 in a tensor description or the
+  // metadata, 3 in a shape or data_offsets array.
+  int depth = 0;
+  bool in_metadata = false;
+  std::string name;   // the tensor (depth >= 2)
+  std::string field;  // its key being read (depth >= 2)
+  RawEntry entry;
+
+  bool fail(std::string what) {
+    if (error.empty()) error = std::move(what);
+    return false;
   }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
+  bool fail_tensor(const std::string& what) { return fail("tensor '" + name + "': " + what); }
+
+  /// A scalar value at the current place.
+  template <class Describe>
+  bool scalar(const char* kind, Describe&& accept) {
+    if (depth == 0) return fail("the header is not a JSON object");
+    if (depth == 1) {
+      return name == "__metadata__" ? fail("__metadata__ is not an object")
+                                    : fail_tensor(std::string("its description is not an object but ") + kind);
+    }
+    return accept();
+  }
+
+  bool null() { return scalar("null", [&] { return value_error("null"); }); }
+  bool boolean(bool) { return scalar("a boolean", [&] { return value_error("a boolean"); }); }
+  bool number_float(json::number_float_t, const json::string_t&) {
+    return scalar("a number", [&] { return number_error("a fractional number"); });
+  }
+  bool number_integer(json::number_integer_t v) {
+    if (v >= 0) return number_unsigned(static_cast<json::number_unsigned_t>(v));
+    return scalar("a number", [&] { return number_error("a negative number"); });
+  }
+  bool number_unsigned(json::number_unsigned_t v) {
+    return scalar("a number", [&] {
+      if (depth != 3) return value_error("a number");
+      auto& list = field == "shape" ? entry.shape : entry.offsets;
+      if (field == "shape" && list.size() == max_dims)
+        return fail_tensor("shape has more than " + std::to_string(max_dims) + " dimensions");
+      if (field == "data_offsets" && list.size() == 2) return fail_tensor("data_offsets is not a pair");
+      list.push_back(v);
+      return true;
+    });
+  }
+  bool string(json::string_t& text) {
+    return scalar("a string", [&] {
+      if (in_metadata) {
+        metadata[field] = std::move(text);
+        return true;
+      }
+      if (depth == 2 && field == "dtype") {
+        entry.dtype = std::move(text);
+        entry.has_dtype = true;
+        return true;
+      }
+      return value_error("a string");
+    });
+  }
+  bool binary(json::binary_t&) { return fail("the header holds binary data"); }
+
+  bool start_object(std::size_t) {
+    if (depth == 0) return ++depth, true;
+    if (depth == 1) {
+      depth = 2;
+      in_metadata = name == "__metadata__";
+      entry = RawEntry{};
+      return true;
+    }
+    if (in_metadata) return fail("__metadata__ value '" + field + "' is not a string");
+    return fail_tensor("'" + field + "' holds an object (nesting deeper than the format allows)");
+  }
+  bool key(json::string_t& text) {
+    if (depth == 1) {
+      if (entries.count(text) || (text == "__metadata__" && seen_metadata))
+        return fail("tensor name '" + text + "' appears twice in the header");
+      name = std::move(text);
+      return true;
+    }
+    if (in_metadata && metadata.count(text)) return fail("__metadata__ key '" + text + "' appears twice");
+    if (!in_metadata) {
+      if ((text == "dtype" && entry.has_dtype) || (text == "shape" && entry.has_shape) ||
+          (text == "data_offsets" && entry.has_offsets))
+        return fail_tensor("'" + text + "' appears twice");
+    }
+    field = std::move(text);
+    return true;
+  }
+  bool end_object() {
+    if (depth == 2) {
+      depth = 1;
+      if (in_metadata) {
+        in_metadata = false;
+        seen_metadata = true;
+        return true;
+      }
+      if (!entry.has_dtype) return fail_tensor("dtype is missing or not a string");
+      if (!entry.has_shape) return fail_tensor("shape is missing or not an array");
+      if (!entry.has_offsets || entry.offsets.size() != 2) return fail_tensor("data_offsets is missing or not a pair");
+      entries.emplace(std::move(name), std::move(entry));
+      return true;
+    }
+    --depth;
+    return true;
+  }
+  bool start_array(std::size_t) {
+    if (depth == 0) return fail("the header is not a JSON object");
+    if (depth == 1) return fail_tensor("its description is not an object but an array");
+    if (depth == 2 && !in_metadata && (field == "shape" || field == "data_offsets")) {
+      (field == "shape" ? entry.has_shape : entry.has_offsets) = true;
+      depth = 3;
+      return true;
+    }
+    if (in_metadata) return fail("__metadata__ value '" + field + "' is not a string");
+    if (depth == 3) return fail_tensor(field + " holds an array (nesting deeper than the format allows)");
+    if (field == "dtype") return fail_tensor("dtype is missing or not a string");
+    return fail_tensor("'" + field + "' holds an array, which the format does not have there");
+  }
+  bool end_array() {
+    depth = 2;
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) {
+    return fail("the header is not valid JSON at byte " + std::to_string(position) + " (" + e.what() + ")");
+  }
+
+ private:
+  bool seen_metadata = false;
+
+  bool value_error(const std::string& kind) {
+    if (in_metadata) return fail("__metadata__ value '" + field + "' is not a string");
+    if (depth == 3) return number_error(kind);
+    if (field == "dtype") return fail_tensor("dtype is missing or not a string");
+    if (field == "shape") return fail_tensor("shape is missing or not an array");
+    if (field == "data_offsets") return fail_tensor("data_offsets is missing or not a pair");
+    return true;  // another key: ignored, as the format's other readers do
+  }
+  bool number_error(const std::string& kind) {
+    if (depth != 3) return value_error(kind);
+    return fail_tensor(field + " holds a non-natural number (" + kind + ")");
+  }
 };
 
 inline void write_all(int fd, const void* data, std::size_t size, const std::string& path) {
@@ -120,7 +281,7 @@ inline void save_safetensors(const std::filesystem::path& path,
   // file is never left half-overwritten.
   const std::filesystem::path temporary = path.string() + ".tmp-" + std::to_string(::getpid());
   try {
-    safetensors_detail::Fd file(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    Fd file(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     ACCELERATE_CHECK(file.fd >= 0, "safetensors: cannot create ", temporary.string(), ": ", std::strerror(errno));
     safetensors_detail::write_all(file.fd, prefix, 8, path.string());
     safetensors_detail::write_all(file.fd, text.data(), text.size(), path.string());
@@ -158,15 +319,15 @@ class SafetensorsFile {
     SafetensorsFile file;
     file.path_ = path.string();
     const std::string& where = file.path_;
-    safetensors_detail::Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    ACCELERATE_CHECK(fd.fd >= 0, "safetensors: cannot open ", where, ": ", std::strerror(errno));
+    Fd fd(open_regular_file(path, "safetensors"));
     struct stat st {};
-    ACCELERATE_CHECK(::fstat(fd.fd, &st) == 0 && S_ISREG(st.st_mode), "safetensors: ", where,
-                     " is not a regular file");
+    ACCELERATE_CHECK(::fstat(fd.fd, &st) == 0, "safetensors: cannot stat ", where, ": ", std::strerror(errno));
     const auto size = static_cast<std::uint64_t>(st.st_size);
     ACCELERATE_CHECK(size >= 8, "safetensors: ", where, ": file of ", size,
                      " bytes is shorter than the 8-byte header length (truncated file?)");
-    void* mapping = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.fd, 0);
+    // Private and writable: a tensor handed out may be modified in place (an EMA's mul_) without
+    // faulting, its pages copied on the first write; the file itself is never changed.
+    void* mapping = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd.fd, 0);
     ACCELERATE_CHECK(mapping != MAP_FAILED, "safetensors: cannot map ", where, ": ", std::strerror(errno));
     file.mapping_ = std::shared_ptr<void>(mapping, [size](void* p) { ::munmap(p, size); });
     const auto* bytes = static_cast<const unsigned char*>(mapping);
@@ -178,28 +339,15 @@ class SafetensorsFile {
     ACCELERATE_CHECK(header_length <= safetensors_detail::max_header_bytes, "safetensors: ", where,
                      ": header length ", header_length, " exceeds the limit of ",
                      safetensors_detail::max_header_bytes, " bytes");
-    nlohmann::json header;
-    try {
-      header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_length);
-    } catch (const nlohmann::json::exception& e) {
-      detail::fail("safetensors: ", where, ": the header is not valid JSON (", e.what(), ")");
-    }
-    ACCELERATE_CHECK(header.is_object(), "safetensors: ", where, ": the header is not a JSON object");
+    safetensors_detail::HeaderReader reader;
+    const bool parsed = nlohmann::json::sax_parse(bytes + 8, bytes + 8 + header_length, &reader,
+                                                  nlohmann::json::input_format_t::json, /*strict=*/true);
+    ACCELERATE_CHECK(parsed && reader.error.empty(), "safetensors: ", where, ": ",
+                     reader.error.empty() ? std::string("the header is not valid JSON") : reader.error);
     file.data_ = bytes + 8 + header_length;
     const std::uint64_t data_size = size - 8 - header_length;
-
-    for (const auto& [name, value] : header.items()) {
-      if (name == "__metadata__") {
-        ACCELERATE_CHECK(value.is_object(), "safetensors: ", where, ": __metadata__ is not an object");
-        for (const auto& [key, text] : value.items()) {
-          ACCELERATE_CHECK(text.is_string(), "safetensors: ", where, ": __metadata__ value '", key,
-                           "' is not a string");
-          file.metadata_[key] = text.get<std::string>();
-        }
-        continue;
-      }
-      file.entries_.emplace(name, parse_entry(where, name, value, data_size));
-    }
+    file.metadata_ = std::move(reader.metadata);
+    for (auto& [name, raw] : reader.entries) file.entries_.emplace(name, parse_entry(where, name, raw, data_size));
 
     // Offsets must tile the data area exactly: no overlap, no hole, nothing past the end.
     std::vector<std::pair<std::uint64_t, const std::string*>> spans;
@@ -231,7 +379,10 @@ class SafetensorsFile {
     return out;
   }
 
-  /// The tensor `name` on the CPU, backed by the mapping when aligned.
+  /// The tensor `name` on the CPU, backed by the file's private mapping when aligned (kept
+  /// alive as long as the tensor): safe to modify in place and to keep after the file object
+  /// is gone; writes never reach the file. A BOOL tensor holding a byte other than 0 or 1 is
+  /// an error.
   at::Tensor tensor(const std::string& name) const {
     const auto it = entries_.find(name);
     ACCELERATE_CHECK(it != entries_.end(), "safetensors: ", path_, " has no tensor '", name, "'");
@@ -240,6 +391,12 @@ class SafetensorsFile {
     const unsigned char* data = data_ + e.begin;
     const auto item = static_cast<std::uintptr_t>(c10::elementSize(e.dtype));
     if (e.end == e.begin) return at::empty(e.shape, options);
+    if (e.dtype == at::kBool) {
+      const auto* bad = std::find_if(data, data + (e.end - e.begin), [](unsigned char b) { return b > 1; });
+      ACCELERATE_CHECK(bad == data + (e.end - e.begin), "safetensors: ", path_, ": BOOL tensor '", name,
+                       "' holds the byte ", static_cast<int>(*bad), " at element ", bad - data,
+                       " (only 0 and 1 are booleans)");
+    }
     if (reinterpret_cast<std::uintptr_t>(data) % item != 0) {
       at::Tensor copy = at::empty(e.shape, options);
       std::memcpy(copy.data_ptr(), data, e.end - e.begin);
@@ -257,46 +414,45 @@ class SafetensorsFile {
   }
 
  private:
-  static Entry parse_entry(const std::string& where, const std::string& name, const nlohmann::json& value,
-                           std::uint64_t data_size) {
+  static std::string list_text(const std::vector<std::uint64_t>& values) {
+    std::ostringstream out;
+    out << '[';
+    for (std::size_t i = 0; i < values.size(); ++i) out << (i ? "," : "") << values[i];
+    out << ']';
+    return out.str();
+  }
+
+  static Entry parse_entry(const std::string& where, const std::string& name,
+                           const safetensors_detail::RawEntry& raw, std::uint64_t data_size) {
     auto bad = [&](const std::string& what) -> Entry {
       detail::fail("safetensors: ", where, ": tensor '", name, "': ", what);
     };
-    if (!value.is_object()) return bad("its description is not an object");
-    const auto dtype_it = value.find("dtype");
-    const auto shape_it = value.find("shape");
-    const auto offsets_it = value.find("data_offsets");
-    if (dtype_it == value.end() || !dtype_it->is_string()) return bad("dtype is missing or not a string");
-    if (shape_it == value.end() || !shape_it->is_array()) return bad("shape is missing or not an array");
-    if (offsets_it == value.end() || !offsets_it->is_array() || offsets_it->size() != 2)
-      return bad("data_offsets is missing or not a pair");
     Entry e;
-    const auto dtype = dtype_from_safetensors(dtype_it->get<std::string>());
-    if (!dtype) return bad("unknown dtype '" + dtype_it->get<std::string>() + "'");
+    const auto dtype = dtype_from_safetensors(raw.dtype);
+    if (!dtype) return bad("unknown dtype '" + raw.dtype + "'");
     e.dtype = *dtype;
-    std::uint64_t numel = 1;
-    for (const auto& d : *shape_it) {
-      if (!d.is_number_unsigned()) return bad("shape " + shape_it->dump() + " holds a non-natural number");
-      const auto dim = d.get<std::uint64_t>();
-      if (dim > static_cast<std::uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          (dim != 0 && numel > std::numeric_limits<std::uint64_t>::max() / dim))
-        return bad("shape " + shape_it->dump() + " overflows");
+    const std::string shape = list_text(raw.shape), offsets = list_text(raw.offsets);
+    // The element count must fit LibTorch's int64 even when a zero dimension makes it 0
+    // (LibTorch checks the product of all dimensions).
+    constexpr auto limit = static_cast<std::uint64_t>(std::numeric_limits<int64_t>::max());
+    std::uint64_t numel = 1, nonzero = 1;
+    for (const auto dim : raw.shape) {
+      if (dim > limit || (dim != 0 && nonzero > limit / dim))
+        return bad("shape " + shape + " overflows: more elements than a tensor can index");
+      if (dim != 0) nonzero *= dim;
       numel *= dim;
       e.shape.push_back(static_cast<int64_t>(dim));
     }
-    for (const auto& o : *offsets_it)
-      if (!o.is_number_unsigned()) return bad("data_offsets " + offsets_it->dump() + " are not natural numbers");
-    e.begin = (*offsets_it)[0].get<std::uint64_t>();
-    e.end = (*offsets_it)[1].get<std::uint64_t>();
-    if (e.begin > e.end) return bad("data_offsets " + offsets_it->dump() + " end before they begin");
+    e.begin = raw.offsets[0];
+    e.end = raw.offsets[1];
+    if (e.begin > e.end) return bad("data_offsets " + offsets + " end before they begin");
     if (e.end > data_size)
-      return bad("data_offsets " + offsets_it->dump() + " are past the end of the data (" +
+      return bad("data_offsets " + offsets + " are past the end of the data (" +
                  std::to_string(data_size) + " bytes; truncated file?)");
     const auto item = static_cast<std::uint64_t>(c10::elementSize(e.dtype));
     if (numel > std::numeric_limits<std::uint64_t>::max() / item || e.end - e.begin != numel * item)
-      return bad("shape " + shape_it->dump() + " of " + dtype_it->get<std::string>() + " needs " +
-                 std::to_string(numel * item) + " bytes but data_offsets span " +
-                 std::to_string(e.end - e.begin));
+      return bad("shape " + shape + " of " + raw.dtype + " needs " + std::to_string(numel * item) +
+                 " bytes but data_offsets span " + std::to_string(e.end - e.begin));
     return e;
   }
 
