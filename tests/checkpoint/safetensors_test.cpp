@@ -5,7 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <fstream>
+#include <set>
 
 #include "../support/models.hpp"
 #include "../support/errors.hpp"
@@ -100,6 +106,26 @@ TEST(SaveModel, ATensorLargerThanTheCapGetsAShardOfItsOwn) {
   EXPECT_TRUE(std::filesystem::exists(dir / "model.safetensors"));
 }
 
+// Python Accelerate's save_model(max_shard_size=100) on this model puts the BatchNorm buffers
+// in shard 2 and the second Linear in shard 3: PyTorch's state_dict order, module by module.
+TEST(SaveModel, ShardsFollowPyTorchsStateDictOrder) {
+  TempDir dir;
+  torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4), torch::nn::Linear(4, 5));
+  const auto names = ckpt::named_tensors(*net);
+  std::vector<std::string> keys;
+  for (const auto& [name, t] : names) keys.push_back(name);
+  EXPECT_EQ(keys, (std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean",
+                                            "1.running_var", "1.num_batches_tracked", "2.weight", "2.bias"}));
+  ckpt::write_model_files(*net, dir.path(), {.max_shard_size = std::uint64_t{100}});
+  const auto index = nlohmann::json::parse(std::ifstream(dir / "model.safetensors.index.json"));
+  const auto& map = index.at("weight_map");
+  EXPECT_EQ(map.at("1.bias"), "model-00001-of-00003.safetensors");
+  EXPECT_EQ(map.at("1.running_mean"), "model-00002-of-00003.safetensors");
+  EXPECT_EQ(map.at("1.num_batches_tracked"), "model-00002-of-00003.safetensors");
+  EXPECT_EQ(map.at("2.weight"), "model-00003-of-00003.safetensors");
+  EXPECT_EQ(map.at("2.bias"), "model-00003-of-00003.safetensors");
+}
+
 TEST(SaveModel, LoadsBackFromAFileAFolderOrAnIndex) {
   TempDir dir;
   Wide source;
@@ -150,6 +176,40 @@ TEST(SaveModel, AnIndexNamingAMissingShardIsAnError) {
   const auto message = error_of([&] { accelerate::load_checkpoint_in_model(*net, dir.path()); });
   EXPECT_NE(message.find("names shard model-00002-of-"), std::string::npos) << message;
   EXPECT_NE(message.find("does not exist"), std::string::npos) << message;
+}
+
+TEST(SaveModel, ShardsOfDifferentSavesAreRefusedTogether) {
+  TempDir dir;
+  Wide first, second;
+  ckpt::write_model_files(*first, dir / "a", {.max_shard_size = std::string("2KB")});
+  ckpt::write_model_files(*second, dir / "b", {.max_shard_size = std::string("2KB")});
+  std::size_t shards = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir / "a")) shards += f.path().extension() == ".safetensors";
+  ASSERT_GT(shards, 1u);
+  // Same names, same shapes: only the save id tells them apart.
+  std::filesystem::copy_file(dir / "b" / ckpt::shard_file_name(1, shards), dir / "a" / ckpt::shard_file_name(1, shards),
+                             std::filesystem::copy_options::overwrite_existing);
+  Wide target;
+  const auto message = error_of([&] { accelerate::load_checkpoint_in_model(*target, dir / "a"); });
+  EXPECT_NE(message.find("mixes shards of different saves"), std::string::npos) << message;
+}
+
+TEST(SaveModel, ReplacingAModelKeepsTheFoldersOtherFilesAndDropsStaleShards) {
+  TempDir dir;
+  Wide net;
+  const auto folder = dir / "model";
+  ckpt::write_model_files(*net, folder, {.max_shard_size = std::string("2KB")});
+  std::ofstream(folder / "config.json") << "{}";
+  std::filesystem::create_directories(folder / "tokenizer");
+  std::ofstream(folder / "tokenizer" / "vocab.txt") << "a b c";
+  ckpt::write_model_files(*net, folder);  // one file now
+  std::set<std::string> names;
+  for (const auto& f : std::filesystem::directory_iterator(folder)) names.insert(f.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"config.json", "model.safetensors", "tokenizer"}));
+  EXPECT_TRUE(std::filesystem::exists(folder / "tokenizer" / "vocab.txt"));
+  std::size_t siblings = 0;
+  for ([[maybe_unused]] const auto& f : std::filesystem::directory_iterator(dir.path())) ++siblings;
+  EXPECT_EQ(siblings, 1u) << "no staging folder left behind";
 }
 
 TEST(SaveModel, PickleIsRefused) {
@@ -205,6 +265,121 @@ TEST(SafetensorsHostile, EveryBrokenFileIsAClearError) {
   check("overflows");
   write_raw(f, R"({"__metadata__":{"k":1}})", 0);
   check("is not a string");
+}
+
+TEST(SafetensorsHostile, DuplicatesDepthOverflowAndBoolsAreClearErrors) {
+  TempDir dir;
+  const auto f = dir / "bad.safetensors";
+  auto check = [&](const std::string& expected) {
+    const auto message = error_of([&] { ckpt::SafetensorsFile::open(f).tensors(); });
+    EXPECT_NE(message.find(f.string()), std::string::npos) << message;
+    EXPECT_NE(message.find(expected), std::string::npos) << "expected '" << expected << "' in: " << message;
+  };
+  write_raw(f, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8);
+  check("tensor name 'a' appears twice");
+  write_raw(f, R"({"a":{"dtype":"F32","shape":[1],"shape":[1],"data_offsets":[0,4]}})", 4);
+  check("'shape' appears twice");
+  write_raw(f, R"({"a":{"dtype":"F32","shape":[[1]],"data_offsets":[0,4]}})", 4);
+  check("nesting deeper than the format allows");
+  write_raw(f, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"extra":{"x":1}}})", 4);
+  check("nesting deeper than the format allows");
+  write_raw(f, R"({"a":{"dtype":"F32","shape":[0,4611686018427387904,4611686018427387904],"data_offsets":[0,0]}})", 0);
+  check("overflows");
+  write_raw(f, R"({"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", 4);
+  check("shape holds a non-natural number (a fractional number)");
+  std::string bools = R"({"b":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})";
+  {
+    std::ofstream out(f, std::ios::binary);
+    const std::uint64_t n = bools.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>(n >> (8 * i)));
+    out << bools << '\1' << '\2' << '\0';
+  }
+  check("BOOL tensor 'b' holds the byte 2 at element 1");
+  // Unknown scalar fields are ignored, as the format's other readers do.
+  write_raw(f, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"note":"x"}})", 4);
+  EXPECT_NO_THROW(ckpt::SafetensorsFile::open(f));
+}
+
+TEST(SafetensorsHostile, AFailedModelLoadChangesNothing) {
+  TempDir dir;
+  TinyNet net;
+  const auto before = accelerate::testing::flat_parameters(*net);
+  // A duplicate name: the second copy would have won with a DOM parse.
+  const std::string header = R"({"fc1.weight":{"dtype":"F32","shape":[16,8],"data_offsets":[0,512]},"fc1.weight":{"dtype":"F32","shape":[16,8],"data_offsets":[512,1024]}})";
+  write_raw(dir / "model.safetensors", header, 1024);
+  EXPECT_NE(error_of([&] { accelerate::load_checkpoint_in_model(*net, dir / "model.safetensors"); }).find("appears twice"),
+            std::string::npos);
+  EXPECT_TRUE(torch::equal(before, accelerate::testing::flat_parameters(*net)));
+}
+
+// The header parser's memory stays a small multiple of the header: measured in a child
+// process (its peak resident size against what it inherited), for the 99 MB header of nested
+// arrays that made a DOM parse allocate 3.7 GB.
+TEST(SafetensorsHostile, AHugeNestedHeaderCostsLittleMemory) {
+  TempDir dir;
+  const auto f = dir / "nested.safetensors";
+  const std::size_t depth = 99'000'000 / 2 - 16;
+  {
+    std::string header = R"({"a":{"shape":)" + std::string(depth, '[') + std::string(depth, ']') + "}}";
+    write_raw(f, header, 0);
+  }
+  auto resident_kib = [] {
+    long pages = 0, resident = 0;
+    std::ifstream("/proc/self/statm") >> pages >> resident;
+    return resident * (::sysconf(_SC_PAGESIZE) / 1024);
+  };
+  const long inherited = resident_kib();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const auto message = error_of([&] { ckpt::SafetensorsFile::open(f); });
+    ::_exit(message.find("nesting deeper") != std::string::npos ? 0 : 3);
+  }
+  int status = 0;
+  struct rusage usage {};
+  ASSERT_EQ(::wait4(child, &status, 0, &usage), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the nested header is refused for its nesting";
+  const long grew_kib = usage.ru_maxrss - inherited;
+  EXPECT_LT(grew_kib, 3 * 99'000) << "peak grew by " << grew_kib << " KiB for a 99 MB header";
+}
+
+TEST(SafetensorsHostile, LinksLoopsAndFifosAreRefusedAtOnce) {
+  TempDir dir;
+  std::filesystem::create_symlink(dir / "b.safetensors", dir / "a.safetensors");
+  std::filesystem::create_symlink(dir / "a.safetensors", dir / "b.safetensors");
+  EXPECT_NE(error_of([&] { ckpt::SafetensorsFile::open(dir / "a.safetensors"); }).find("symlink loop"), std::string::npos);
+  TinyNet net;
+  EXPECT_NE(error_of([&] { accelerate::load_checkpoint_in_model(*net, dir / "a.safetensors"); }).find("symlink loop"),
+            std::string::npos);
+  const auto fifo = dir / "fifo.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(error_of([&] { ckpt::SafetensorsFile::open(fifo); }).find("is not a regular file"), std::string::npos);
+  EXPECT_NE(error_of([&] { accelerate::load_checkpoint_in_model(*net, fifo); }).find("is not a regular file"),
+            std::string::npos);
+  const auto index = dir / "model.safetensors.index.json";
+  ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
+  EXPECT_NE(error_of([&] { accelerate::load_checkpoint_in_model(*net, index); }).find("is not a regular file"),
+            std::string::npos);
+}
+
+// Tensors read from a file are private copies-on-write of its mapping: in-place updates work
+// (they crashed with SIGSEGV on a read-only mapping), never reach the file, and the tensor
+// outlives the file object.
+TEST(Safetensors, LoadedTensorsAreWritableAndOutliveTheFile) {
+  TempDir dir;
+  const auto f = dir / "w.safetensors";
+  ckpt::save_safetensors(f, {{"w", torch::arange(4, torch::kFloat)}});
+  at::Tensor kept;
+  {
+    auto file = ckpt::SafetensorsFile::open(f);
+    kept = file.tensor("w");
+    kept.add_(1);
+  }
+  kept.mul_(2);
+  EXPECT_TRUE(torch::equal(kept, torch::tensor({2.f, 4.f, 6.f, 8.f})));
+  EXPECT_TRUE(torch::equal(ckpt::SafetensorsFile::open(f).tensor("w"), torch::arange(4, torch::kFloat)))
+      << "the file is unchanged";
 }
 
 TEST(SafetensorsHostile, FlippedBitsAreCaughtOrHarmless) {

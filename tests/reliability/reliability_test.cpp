@@ -220,6 +220,51 @@ TEST(CrashDuringSave, TheLatestCompleteCheckpointAlwaysLoadsAndIsIntact) {
   EXPECT_GT(killed_mid_save, 0) << "the kills should land inside save_state at least sometimes";
 }
 
+// Replaces a sharded model (2 shards of ~16 MB and the index) in one folder, over and over,
+// every parameter equal to the save's number, until killed. The folder also holds a file of
+// the user's that every save must keep.
+ACCELERATE_WORKER(save_model_forever) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  accelerate::testing::TinyNet net(1024, 4096, 1024);  // fc1 and fc2 weights of 16.8 MB each
+  auto [model] = acc.prepare(net);
+  const auto folder = accelerate::testing::job_dir() / "model";
+  std::filesystem::create_directories(folder);
+  std::ofstream(folder / "config.json") << "{\"hidden\": 4096}\n";
+  for (int n = 1;; ++n) {
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : net->parameters()) p.fill_(static_cast<double>(n));
+    }
+    acc.save_model(model, folder, {.max_shard_size = std::string("17MB")});
+  }
+}
+
+TEST(CrashDuringSaveModel, TheFolderHoldsTheOldModelOrTheNewNeverAMix) {
+  auto engine = random_engine();
+  std::uniform_int_distribution<int> delay_ms(300, 2500);
+  int loaded = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    TempDir dir;
+    const auto p = spawn({"/proc/self/exe"},
+                         {{"ACCELERATE_TEST_WORKER", "save_model_forever"}, {"ACCELERATE_TEST_DIR", dir.path().string()}},
+                         dir / "worker.log");
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(engine)));
+    ::kill(p.pid, SIGKILL);
+    ASSERT_EQ(wait_for(p, 30s), 128 + SIGKILL);
+    const auto folder = dir / "model";
+    if (!std::filesystem::exists(folder / "model.safetensors.index.json")) continue;  // before the first save
+    accelerate::testing::TinyNet net(1024, 4096, 1024);
+    accelerate::load_checkpoint_in_model(*net, folder);  // throws on a mix
+    const double value = net->fc1->weight[0][0].item<double>();
+    for (const auto& param : net->parameters())
+      EXPECT_TRUE(torch::equal(param, torch::full_like(param, value))) << "trial " << trial << ": a mix of saves";
+    EXPECT_TRUE(std::filesystem::exists(folder / "config.json")) << "the user's file is kept";
+    ++loaded;
+  }
+  std::cout << "a complete model loaded after " << loaded << " of 20 kills" << std::endl;
+  EXPECT_GT(loaded, 10);
+}
+
 // --- kill and resume -------------------------------------------------------------------------
 
 TEST(KillAndResume, FinishesWithTheModelOfAnUninterruptedRun) {

@@ -16,14 +16,19 @@
 
 namespace accelerate::checkpoint {
 
-/// Parameters then buffers, recursively, under their dotted names ("fc1.weight",
-/// "bn.running_mean"), detached from autograd. The order is the module's registration order.
+/// Parameters and buffers under their dotted names ("fc1.weight", "bn.running_mean"), detached
+/// from autograd, in PyTorch's state_dict order: module by module (pre-order, in registration
+/// order), each module's own parameters then its own buffers. Shard boundaries of save_model
+/// follow this order, so they match Python Accelerate's.
 inline std::vector<std::pair<std::string, at::Tensor>> named_tensors(const torch::nn::Module& module) {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : module.named_parameters(/*recurse=*/true))
-    out.emplace_back(item.key(), item.value().detach());
-  for (const auto& item : module.named_buffers(/*recurse=*/true))
-    out.emplace_back(item.key(), item.value().detach());
+  auto own = [&](const torch::nn::Module& m, const std::string& prefix) {
+    for (const auto& p : m.named_parameters(/*recurse=*/false)) out.emplace_back(prefix + p.key(), p.value().detach());
+    for (const auto& b : m.named_buffers(/*recurse=*/false)) out.emplace_back(prefix + b.key(), b.value().detach());
+  };
+  own(module, "");  // without include_self, which needs the module to be owned by a shared_ptr
+  for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/false))
+    own(*item.value(), item.key() + ".");
   return out;
 }
 
@@ -47,16 +52,37 @@ struct LoadReport {
   }
 };
 
+/// What loading `state` into `module` would find, without changing the module: an error in
+/// the same words as load_named_tensors, or nothing.
+inline LoadReport check_named_tensors(const torch::nn::Module& module,
+                                      const std::map<std::string, at::Tensor>& state,
+                                      const std::string& source, bool strict = true);
+
 /// Copies `state` into the module's parameters and buffers by name (to their devices). Strict:
 /// any missing or unexpected key or mismatch is an error naming `source` and listing them all;
 /// non-strict: matching keys are loaded and mismatches of shape or dtype are still errors.
 inline LoadReport load_named_tensors(torch::nn::Module& module,
                                      const std::map<std::string, at::Tensor>& state,
                                      const std::string& source, bool strict = true) {
-  LoadReport report;
+  const LoadReport report = check_named_tensors(module, state, source, strict);
   std::map<std::string, at::Tensor> targets;
   for (auto& item : module.named_parameters(true)) targets.emplace(item.key(), item.value());
   for (auto& item : module.named_buffers(true)) targets.emplace(item.key(), item.value());
+  torch::NoGradGuard no_grad;
+  for (auto& [name, target] : targets) {
+    const auto it = state.find(name);
+    if (it != state.end()) target.copy_(it->second);
+  }
+  return report;
+}
+
+inline LoadReport check_named_tensors(const torch::nn::Module& module,
+                                      const std::map<std::string, at::Tensor>& state,
+                                      const std::string& source, bool strict) {
+  LoadReport report;
+  std::map<std::string, at::Tensor> targets;
+  for (const auto& item : module.named_parameters(true)) targets.emplace(item.key(), item.value());
+  for (const auto& item : module.named_buffers(true)) targets.emplace(item.key(), item.value());
   // Tied weights are saved once (under the first name); an alias sharing storage with a
   // tensor the state provides is not missing.
   std::set<const void*> provided_storage;
@@ -78,11 +104,6 @@ inline LoadReport load_named_tensors(torch::nn::Module& module,
     if (!targets.count(name)) report.unexpected_keys.push_back(name);
   const bool fatal = strict ? !report.ok() : !report.mismatches.empty();
   ACCELERATE_CHECK(!fatal, "loading ", source, " into the model failed:", report.describe());
-  torch::NoGradGuard no_grad;
-  for (auto& [name, target] : targets) {
-    const auto it = state.find(name);
-    if (it != state.end()) target.copy_(it->second);
-  }
   return report;
 }
 

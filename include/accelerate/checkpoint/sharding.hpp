@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -22,6 +23,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 
+#include <accelerate/checkpoint/atomic_dir.hpp>
+#include <accelerate/checkpoint/files.hpp>
 #include <accelerate/checkpoint/module_state.hpp>
 #include <accelerate/checkpoint/safetensors.hpp>
 #include <accelerate/detail/check.hpp>
@@ -117,62 +120,100 @@ inline std::string shard_file_name(std::size_t index, std::size_t count) {
   return buffer;
 }
 
+/// Whether `name` is a file save_model writes (and so replaces): model.safetensors, its index,
+/// or a shard "model-NNNNN-of-NNNNN.safetensors".
+inline bool is_model_file(const std::string& name) {
+  static const std::regex shard(R"(^model-[0-9]{5}-of-[0-9]{5}\.safetensors$)");
+  return name == "model.safetensors" || name == "model.safetensors.index.json" || std::regex_match(name, shard);
+}
+
+/// The metadata key tying the shards of one save to its index.
+inline constexpr const char* save_id_key = "accelerate_save_id";
+
 /// Writes a module's parameters and buffers as Hugging Face safetensors into `dir`:
 /// model.safetensors, or shards plus model.safetensors.index.json ({"metadata":
-/// {"total_size"}, "weight_map"}, keys sorted, 2-space indent). Stale shards of an earlier
-/// save in `dir` are removed. Returns the files written. (Accelerator::save_model calls this
-/// on the main process only.)
+/// {"total_size"}, "weight_map"}, keys sorted, 2-space indent). Returns the files written.
+/// (Accelerator::save_model calls this on the main process only.)
+/// Replacing a model is atomic: the new files are written into a hidden sibling folder with
+/// the folder's other files (hard links: configs, tokenizers stay), which then takes the
+/// folder's place in one rename; a crash at any moment leaves the old model or the new one,
+/// never a mix. Shards and index also carry one save id, so a loader refuses shards that do
+/// not belong together.
 inline std::vector<std::filesystem::path> write_model_files(const torch::nn::Module& module,
                                                             const std::filesystem::path& dir,
                                                             const SaveModelOptions& options = {}) {
+  namespace fs = std::filesystem;
   ACCELERATE_CHECK(options.safe_serialization,
                    "save_model: safe_serialization=false would write a pickle (pytorch_model.bin); "
                    "accelerate-cpp never writes or reads pickle, only safetensors");
-  ACCELERATE_CHECK(!std::filesystem::is_regular_file(dir), "save_model: ", dir.string(),
+  const PathKind kind = path_kind(dir, "save_model");
+  ACCELERATE_CHECK(kind == PathKind::missing || kind == PathKind::directory, "save_model: ", dir.string(),
                    " is a file, not a folder");
-  std::filesystem::create_directories(dir);
+  fs::path target = fs::absolute(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "out/"
+  ACCELERATE_CHECK(target != target.root_path() && target != fs::current_path(), "save_model: ", dir.string(),
+                   " is the current folder or the root; give the model a folder of its own");
   const auto state = named_tensors(module);
   std::map<std::string, std::string> tied;
   const auto shards = split_into_shards(state, shard_size_bytes(options.max_shard_size), &tied);
   std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
-  const std::map<std::string, std::string> metadata{{"format", "pt"}};
 
-  // Remove what an earlier save left that this one will not overwrite.
-  static const std::regex stale(R"(^model-[0-9]{5}-of-[0-9]{5}\.safetensors$)");
-  std::set<std::string> keep;
-  for (std::size_t i = 0; i < shards.size(); ++i)
-    keep.insert(shards.size() == 1 ? "model.safetensors" : shard_file_name(i, shards.size()));
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    const auto name = entry.path().filename().string();
-    const bool old_shard = std::regex_match(name, stale) && !keep.count(name);
-    const bool old_single = shards.size() > 1 && name == "model.safetensors";
-    const bool old_index = shards.size() == 1 && name == "model.safetensors.index.json";
-    if (old_shard || old_single || old_index) std::filesystem::remove(entry.path());
-  }
-
-  std::vector<std::filesystem::path> written;
-  nlohmann::json weight_map = nlohmann::json::object();
-  std::uint64_t total = 0;
-  for (std::size_t i = 0; i < shards.size(); ++i) {
-    const std::string file = shards.size() == 1 ? "model.safetensors" : shard_file_name(i, shards.size());
-    std::map<std::string, at::Tensor> tensors;
-    for (const auto& name : shards[i].names) {
-      tensors.emplace(name, by_name.at(name));
-      weight_map[name] = file;
+  fs::create_directories(target.parent_path());
+  const fs::path staging = begin_staging(target);
+  try {
+    // What else the folder holds comes along, by hard link (copied where links cannot be made).
+    if (kind == PathKind::directory) {
+      for (const auto& entry : fs::directory_iterator(target)) {
+        if (is_model_file(entry.path().filename().string())) continue;
+        std::error_code ec;
+        fs::copy(entry.path(), staging / entry.path().filename(),
+                 fs::copy_options::recursive | fs::copy_options::create_hard_links, ec);
+        if (ec) fs::copy(entry.path(), staging / entry.path().filename(), fs::copy_options::recursive);
+      }
     }
-    total += shards[i].bytes;
-    save_safetensors(dir / file, tensors, metadata);
-    written.push_back(dir / file);
+    std::random_device entropy;
+    std::ostringstream id;
+    id << std::hex << entropy() << entropy() << entropy() << entropy();
+    std::map<std::string, std::string> metadata{{"format", "pt"}};
+    if (shards.size() > 1) metadata[save_id_key] = id.str();
+
+    nlohmann::json weight_map = nlohmann::json::object();
+    std::uint64_t total = 0;
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      const std::string file = shards.size() == 1 ? "model.safetensors" : shard_file_name(i, shards.size());
+      std::map<std::string, at::Tensor> tensors;
+      for (const auto& name : shards[i].names) {
+        tensors.emplace(name, by_name.at(name));
+        weight_map[name] = file;
+      }
+      total += shards[i].bytes;
+      save_safetensors(staging / file, tensors, metadata);
+      names.push_back(file);
+    }
+    if (shards.size() > 1) {
+      const nlohmann::json index = {{"metadata", {{"total_size", total}, {save_id_key, id.str()}}},
+                                    {"weight_map", weight_map}};
+      const fs::path index_path = staging / "model.safetensors.index.json";
+      {
+        std::ofstream out(index_path);
+        out << index.dump(2) << '\n';
+        out.flush();
+        ACCELERATE_CHECK(out.good(), "save_model: writing ", (dir / "model.safetensors.index.json").string(),
+                         " failed (disk full?)");
+      }
+      fsync_path(index_path);
+      names.push_back("model.safetensors.index.json");
+    }
+    commit_staging(target);
+    std::vector<fs::path> written;
+    for (const auto& name : names) written.push_back(dir / name);
+    return written;
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(staging, ignored);
+    throw;
   }
-  if (shards.size() > 1) {
-    const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    std::ofstream out(dir / "model.safetensors.index.json");
-    out << index.dump(2) << '\n';
-    ACCELERATE_CHECK(out.good(), "save_model: writing ", (dir / "model.safetensors.index.json").string(),
-                     " failed (disk full?)");
-    written.push_back(dir / "model.safetensors.index.json");
-  }
-  return written;
 }
 
 /// Reads a model.safetensors.index.json: tensor names grouped by shard file. Malformed JSON, a
@@ -180,10 +221,9 @@ inline std::vector<std::filesystem::path> write_model_files(const torch::nn::Mod
 /// naming the file.
 inline std::map<std::string, std::vector<std::string>> read_model_index(const std::filesystem::path& index) {
   nlohmann::json json;
+  const std::string text = read_regular_file(index, "load_checkpoint_in_model");
   try {
-    std::ifstream in(index);
-    ACCELERATE_CHECK(in.good(), "load_checkpoint_in_model: cannot read ", index.string());
-    json = nlohmann::json::parse(in);
+    json = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     accelerate::detail::fail("load_checkpoint_in_model: ", index.string(), " is not valid JSON (", e.what(), ")");
   }
@@ -202,6 +242,19 @@ inline std::map<std::string, std::vector<std::string>> read_model_index(const st
   return by_file;
 }
 
+/// The save id an index written by save_model records ("" for other writers' indexes).
+inline std::string read_model_index_save_id(const std::filesystem::path& index) {
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(read_regular_file(index, "load_checkpoint_in_model"));
+  } catch (const nlohmann::json::exception& e) {
+    accelerate::detail::fail("load_checkpoint_in_model: ", index.string(), " is not valid JSON (", e.what(), ")");
+  }
+  if (!json.is_object() || !json.contains("metadata") || !json["metadata"].is_object()) return "";
+  const auto& meta = json["metadata"];
+  return meta.contains(save_id_key) && meta[save_id_key].is_string() ? meta[save_id_key].get<std::string>() : "";
+}
+
 /// Reads model weights from `path` into `module` (moved to `device` first when given):
 /// a .safetensors file, a model.safetensors.index.json, or a folder holding exactly one of
 /// model.safetensors / a *.safetensors.index.json. Files are memory-mapped. Strict by default:
@@ -214,13 +267,14 @@ inline LoadReport load_checkpoint_in_model(torch::nn::Module& module, const std:
                                            bool strict = true) {
   namespace fs = std::filesystem;
   if (device) module.to(*device);
-  ACCELERATE_CHECK(fs::exists(path), "load_checkpoint_in_model: ", path.string(), " does not exist");
+  const PathKind kind = path_kind(path, "load_checkpoint_in_model");
+  ACCELERATE_CHECK(kind != PathKind::missing, "load_checkpoint_in_model: ", path.string(), " does not exist");
   fs::path index, single;
-  if (fs::is_directory(path)) {
+  if (kind == PathKind::directory) {
     std::vector<fs::path> indexes;
     for (const auto& entry : fs::directory_iterator(path))
       if (entry.path().filename().string().ends_with(".safetensors.index.json")) indexes.push_back(entry.path());
-    const bool has_single = fs::exists(path / "model.safetensors");
+    const bool has_single = path_exists(path / "model.safetensors", "load_checkpoint_in_model");
     ACCELERATE_CHECK(indexes.size() + (has_single ? 1 : 0) == 1, "load_checkpoint_in_model: ",
                      path.string(), " must hold exactly one of model.safetensors or a "
                      "*.safetensors.index.json; found ", indexes.size(), " index file(s)",
@@ -234,12 +288,21 @@ inline LoadReport load_checkpoint_in_model(torch::nn::Module& module, const std:
 
   std::vector<SafetensorsFile> files;
   if (!index.empty()) {
+    const std::string save_id = read_model_index_save_id(index);
     for (const auto& [shard, names] : read_model_index(index)) {
       const auto shard_path = index.parent_path() / shard;
-      ACCELERATE_CHECK(fs::exists(shard_path), "load_checkpoint_in_model: ", index.string(), " names shard ",
+      ACCELERATE_CHECK(path_exists(shard_path, "load_checkpoint_in_model"), "load_checkpoint_in_model: ", index.string(), " names shard ",
                        shard, " (for ", names.front(), (names.size() > 1 ? " and others" : ""),
                        ") but ", shard_path.string(), " does not exist");
       files.push_back(SafetensorsFile::open(shard_path));
+      // Shards of another save under the same names (a folder mixed by hand or by a writer
+      // without atomic replacement) would load silently.
+      const auto& meta = files.back().metadata();
+      const auto shard_id = meta.find(save_id_key);
+      ACCELERATE_CHECK(save_id.empty() || (shard_id != meta.end() && shard_id->second == save_id),
+                       "load_checkpoint_in_model: ", shard_path.string(), " does not belong to ", index.string(),
+                       " (save id ", shard_id == meta.end() ? std::string("none") : shard_id->second,
+                       ", the index has ", save_id, "): the folder mixes shards of different saves");
       for (const auto& name : names)
         ACCELERATE_CHECK(files.back().contains(name), "load_checkpoint_in_model: ", shard_path.string(),
                          " lacks tensor '", name, "' that ", index.string(), " places there");
