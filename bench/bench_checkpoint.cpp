@@ -60,6 +60,14 @@ void BM_LoadState(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * s.state_bytes());
 }
 
+// Without comparing checksums (LoadStateOptions::verify_checksums = false).
+void BM_LoadStateUnverified(benchmark::State& state) {
+  Setup s;
+  s.acc.save_state(scratch() / "state");
+  for (auto _ : state) s.acc.load_state(scratch() / "state", {.verify_checksums = false});
+  state.SetBytesProcessed(state.iterations() * s.state_bytes());
+}
+
 void BM_PlainWrite(benchmark::State& state) {
   const int64_t bytes = Setup().state_bytes();
   std::vector<char> buffer(static_cast<std::size_t>(bytes), 1);
@@ -99,6 +107,7 @@ void BM_PlainRead(benchmark::State& state) {
 BENCHMARK(BM_SaveState)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK(BM_PlainWrite)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK(BM_LoadState)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK(BM_LoadStateUnverified)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK(BM_PlainRead)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 
 }  // namespace

@@ -194,15 +194,18 @@ inline StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
   return out;
 }
 
-/// Restores what optimizer_state_dict() produced into an optimizer built over the same
-/// parameters in the same order. Tensors are copied to each parameter's device.
-inline void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& saved) {
+/// Finds every problem load_optimizer_state_dict would meet (another optimizer type, other
+/// param groups or parameter counts, missing or ill-typed fields, a state tensor of another
+/// shape) without changing the optimizer.
+inline void check_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& saved) {
   optimizer_detail::with_state_type(optimizer, [&]<class State>() {
     using Fields = optimizer_detail::ParamStateFields<State>;
     const auto type = saved.value<std::string>("type");
     ACCELERATE_CHECK(type == Fields::name, "optimizer state: saved by a ", type,
                      " optimizer, loading into a ", Fields::name);
     const auto& groups = saved.values.at("param_groups");
+    const auto& states = saved.values.at("state");
+    ACCELERATE_CHECK(groups.is_array() && states.is_object(), "optimizer state: param_groups or state is malformed");
     ACCELERATE_CHECK(groups.size() == optimizer.param_groups().size(), "optimizer state: ",
                      groups.size(), " param groups saved, the optimizer has ",
                      optimizer.param_groups().size());
@@ -213,10 +216,43 @@ inline void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const 
                        "optimizer state: param group ", gi, " saved with ",
                        groups[gi].at("params").size(), " parameters, the optimizer has ",
                        group.params().size());
+      // The hyperparameters read into a copy of the group's options.
+      auto trial = group.options().clone();
+      optimizer_detail::options_from_json(*trial, groups[gi]);
+      for (auto& p : group.params()) {
+        const std::string key = std::to_string(index++);
+        if (!states.contains(key)) continue;
+        State scratch;
+        Fields::integers(scratch, [&](const char* name, auto, auto set) {
+          set(states.at(key).at(name).template get<int64_t>());
+        });
+        Fields::tensors(scratch, [&](const char* name, auto, auto) {
+          const auto it = saved.tensors.find("state." + key + "." + name);
+          if (it == saved.tensors.end()) return;
+          ACCELERATE_CHECK(it->second.sizes() == p.sizes(), "optimizer state: state.", key, ".",
+                           name, " has shape ", it->second.sizes(), " but parameter ", key,
+                           " has shape ", p.sizes());
+        });
+      }
+    }
+  });
+}
+
+/// Restores what optimizer_state_dict() produced into an optimizer built over the same
+/// parameters in the same order. Tensors are copied to each parameter's device. Everything is
+/// checked first (check_optimizer_state_dict), so a failure changes nothing.
+inline void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& saved) {
+  check_optimizer_state_dict(optimizer, saved);
+  optimizer_detail::with_state_type(optimizer, [&]<class State>() {
+    using Fields = optimizer_detail::ParamStateFields<State>;
+    const auto& groups = saved.values.at("param_groups");
+    const auto& states = saved.values.at("state");
+    std::size_t index = 0;
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      auto& group = optimizer.param_groups()[gi];
       optimizer_detail::options_from_json(group.options(), groups[gi]);
       for (auto& p : group.params()) {
         const std::string key = std::to_string(index++);
-        const auto& states = saved.values.at("state");
         if (!states.contains(key)) {
           optimizer.state().erase(p.unsafeGetTensorImpl());
           continue;
@@ -228,9 +264,6 @@ inline void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const 
         Fields::tensors(*state, [&](const char* name, auto, auto set) {
           const auto it = saved.tensors.find("state." + key + "." + name);
           if (it == saved.tensors.end()) return;
-          ACCELERATE_CHECK(it->second.sizes() == p.sizes(), "optimizer state: state.", key, ".",
-                           name, " has shape ", it->second.sizes(), " but parameter ", key,
-                           " has shape ", p.sizes());
           set(it->second.to(p.device(), it->second.scalar_type(), /*non_blocking=*/false,
                             /*copy=*/true));
         });

@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include <accelerate/checkpoint/atomic_dir.hpp>
+#include <accelerate/checkpoint/files.hpp>
 #include <accelerate/checkpoint/project.hpp>
 #include <accelerate/checkpoint/safetensors.hpp>
 #include <accelerate/checkpoint/stateful.hpp>
@@ -84,10 +85,9 @@ inline void write_json_file(const std::filesystem::path& path, const nlohmann::j
 
 /// Reads a JSON file; a missing or malformed file is an error naming it.
 inline nlohmann::json read_json_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  ACCELERATE_CHECK(in.good(), "checkpoint: cannot read ", path.string());
+  const std::string text = read_regular_file(path, "checkpoint");
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     detail::fail("checkpoint: ", path.string(), " is not valid JSON (", e.what(), ")");
   }
@@ -107,10 +107,11 @@ inline StateDict read_state_files(const std::filesystem::path& dir, const std::s
   StateDict state;
   const auto tensors = dir / (stem + ".safetensors");
   const auto values = dir / (stem + ".json");
-  ACCELERATE_CHECK(std::filesystem::exists(tensors) || std::filesystem::exists(values), "load_state: ",
+  const bool has_tensors = path_exists(tensors, "load_state"), has_values = path_exists(values, "load_state");
+  ACCELERATE_CHECK(has_tensors || has_values, "load_state: ",
                    dir.string(), " has neither ", stem, ".safetensors nor ", stem, ".json");
-  if (std::filesystem::exists(tensors)) state.tensors = SafetensorsFile::open(tensors).tensors();
-  if (std::filesystem::exists(values)) state.values = read_json_file(values);
+  if (has_tensors) state.tensors = SafetensorsFile::open(tensors).tensors();
+  if (has_values) state.values = read_json_file(values);
   return state;
 }
 
@@ -125,19 +126,60 @@ inline StateDict rng_state() {
   return state;
 }
 
-/// Restores rng_state(); generators the checkpoint lacks (a GPU count that changed) are an
-/// error rather than silently left as they are.
-inline void load_rng_state(const StateDict& state, const std::string& file) {
+/// Checks that rng_state() could be restored from `state` (every generator present, each state
+/// accepted by a copy of its generator) without touching the generators.
+inline void check_rng_state(const StateDict& state, const std::string& file) {
   auto generators = detail::all_generators();
   for (std::size_t i = 0; i < generators.size(); ++i) {
     const std::string key = i == 0 ? "cpu" : "cuda_" + std::to_string(i - 1);
     const auto it = state.tensors.find(key);
     ACCELERATE_CHECK(it != state.tensors.end(), "load_state: ", file, " has no state for generator '",
                      key, "' (saved with fewer CUDA devices?)");
-    std::lock_guard<std::mutex> lock(generators[i].mutex());
-    generators[i].set_state(it->second.clone());
+    try {
+      at::Generator trial = [&] {
+        std::lock_guard<std::mutex> lock(generators[i].mutex());
+        return generators[i].clone();
+      }();
+      trial.set_state(it->second.clone());
+    } catch (const c10::Error& e) {
+      detail::fail("load_state: ", file, ": the state of generator '", key, "' is not one this generator accepts (",
+                   e.what_without_backtrace(), ")");
+    }
   }
 }
+
+/// Restores rng_state(); generators the checkpoint lacks (a GPU count that changed) are an
+/// error rather than silently left as they are.
+inline void load_rng_state(const StateDict& state, const std::string& file) {
+  check_rng_state(state, file);
+  auto generators = detail::all_generators();
+  for (std::size_t i = 0; i < generators.size(); ++i) {
+    const std::string key = i == 0 ? "cpu" : "cuda_" + std::to_string(i - 1);
+    std::lock_guard<std::mutex> lock(generators[i].mutex());
+    generators[i].set_state(state.tensors.at(key).clone());
+  }
+}
+
+}  // namespace accelerate::checkpoint
+
+namespace accelerate {
+
+/// How load_state resumes.
+/// Example:
+///   acc.load_state("runs/a/state", {.allow_configuration_change = true});  // e.g. now in bf16
+struct LoadStateOptions {
+  /// Resume a checkpoint saved by another configuration (policies, accumulation steps, clip
+  /// options: the fingerprint in the manifest); otherwise that is an error naming both.
+  bool allow_configuration_change = false;
+  /// Compare every file's checksum with the manifest's (a file swapped in from another
+  /// checkpoint of the same shapes, or damaged). Costs about one pass over the checkpoint
+  /// from memory; bench/README.md measures it.
+  bool verify_checksums = true;
+};
+
+}  // namespace accelerate
+
+namespace accelerate::checkpoint {
 
 /// What the accelerator hands to save_state/load_state.
 struct StateSources {
@@ -208,9 +250,12 @@ inline std::filesystem::path save_state(const StateSources& src, ProjectConfigur
   src.barrier();
 
   if (main) {
+    // Sizes and checksums: a truncated file, or one swapped in from another checkpoint of the
+    // same shapes, is refused by load_state.
     nlohmann::json files = nlohmann::json::object();
     for (const auto& file : fs::directory_iterator(staging))
-      files[file.path().filename().string()] = fs::file_size(file.path());
+      files[file.path().filename().string()] = {{"bytes", fs::file_size(file.path())},
+                                                {"checksum", file_checksum(file.path(), "save_state")}};
     nlohmann::json objects = nlohmann::json::object();
     for (const auto& [kind, n] : counts) objects[kind_name(kind)] = n;
     write_json_file(staging / std::string(manifest_name),
@@ -250,16 +295,23 @@ inline std::filesystem::path latest_checkpoint(const ProjectConfiguration& proje
   return complete.back().second;
 }
 
-/// Restores what save_state() wrote, checking first that the folder is complete, that every
-/// file has the size the manifest recorded, and that the run matches (world size, number of
-/// objects of each kind). Errors name the file and the problem.
+/// Restores what save_state() wrote, all or nothing. Everything is read and checked before any
+/// object changes: the folder is complete, every file has the size and checksum the manifest
+/// recorded, the run matches (world size, number of objects of each kind, the configuration
+/// fingerprint unless `options` allows a change), every model's keys, shapes and dtypes and
+/// every RNG state fit. Objects are then restored in order with a snapshot each; if one fails,
+/// those already restored get their snapshots back, so on any error every object is as it was.
+/// Errors name the file and the problem.
 inline std::filesystem::path load_state(const StateSources& src, ProjectConfiguration& project,
-                                        const std::optional<std::filesystem::path>& dir) {
+                                        const std::optional<std::filesystem::path>& dir,
+                                        const LoadStateOptions& options = {}) {
   namespace fs = std::filesystem;
+  using Kind = detail::CheckpointEntry::Kind;
   const fs::path source = dir ? *dir : latest_checkpoint(project);
-  ACCELERATE_CHECK(fs::is_directory(source), "load_state: ", source.string(), " is not a folder");
+  ACCELERATE_CHECK(path_kind(source, "load_state") == PathKind::directory, "load_state: ", source.string(),
+                   " is not a folder");
   const fs::path manifest_path = source / std::string(manifest_name);
-  ACCELERATE_CHECK(fs::exists(manifest_path), "load_state: ", source.string(), " is not a complete checkpoint (",
+  ACCELERATE_CHECK(path_exists(manifest_path, "load_state"), "load_state: ", source.string(), " is not a complete checkpoint (",
                    manifest_name, " is missing; an interrupted save?)");
   const auto manifest = read_json_file(manifest_path);
   try {
@@ -269,17 +321,29 @@ inline std::filesystem::path load_state(const StateSources& src, ProjectConfigur
     ACCELERATE_CHECK(saved_world == src.world_size, "load_state: ", source.string(), " was saved by ",
                      saved_world, " process(es); this run has ", src.world_size,
                      " (per-rank RNG states and data shards would not match)");
-    for (const auto& [name, size] : manifest.at("files").items()) {
+    const auto saved_configuration = manifest.value("configuration", std::string());
+    ACCELERATE_CHECK(options.allow_configuration_change || saved_configuration == src.configuration,
+                     "load_state: ", source.string(), " was saved by another configuration:\n  saved: ",
+                     saved_configuration, "\n  this run: ", src.configuration,
+                     "\n(LoadStateOptions::allow_configuration_change = true resumes anyway)");
+    for (const auto& [name, recorded] : manifest.at("files").items()) {
       const fs::path file = source / name;
-      ACCELERATE_CHECK(fs::exists(file), "load_state: ", file.string(), " is listed in the manifest but missing");
-      ACCELERATE_CHECK(fs::file_size(file) == size.get<std::uintmax_t>(), "load_state: ", file.string(),
-                       " has ", fs::file_size(file), " bytes, the manifest recorded ", size.get<std::uintmax_t>(),
-                       " (truncated or replaced?)");
+      ACCELERATE_CHECK(path_kind(file, "load_state") == PathKind::regular, "load_state: ", file.string(),
+                       " is listed in the manifest but missing or not a regular file");
+      // Older manifests record the size alone.
+      const auto bytes = recorded.is_object() ? recorded.at("bytes").get<std::uintmax_t>() : recorded.get<std::uintmax_t>();
+      ACCELERATE_CHECK(fs::file_size(file) == bytes, "load_state: ", file.string(), " has ", fs::file_size(file),
+                       " bytes, the manifest recorded ", bytes, " (truncated or replaced?)");
+      if (options.verify_checksums && recorded.is_object() && recorded.contains("checksum")) {
+        const auto expected = recorded.at("checksum").get<std::string>();
+        const auto found = file_checksum(file, "load_state");
+        ACCELERATE_CHECK(found == expected, "load_state: ", file.string(), " has checksum ", found,
+                         ", the manifest recorded ", expected, " (a file from another checkpoint, or damaged)");
+      }
     }
-    std::map<detail::CheckpointEntry::Kind, std::size_t> here;
+    std::map<Kind, std::size_t> here;
     for (const auto& entry : *src.entries) ++here[entry.kind];
     const auto& saved = manifest.at("objects");
-    using Kind = detail::CheckpointEntry::Kind;
     for (const Kind kind : {Kind::model, Kind::optimizer, Kind::scheduler, Kind::dataloader, Kind::custom}) {
       const auto n = saved.value(kind_name(kind), std::size_t{0});
       ACCELERATE_CHECK(n == here[kind], "load_state: ", source.string(), " holds ", n, " ", kind_name(kind),
@@ -290,27 +354,86 @@ inline std::filesystem::path load_state(const StateSources& src, ProjectConfigur
     detail::fail("load_state: ", manifest_path.string(), " is malformed (", e.what(), ")");
   }
 
-  std::map<detail::CheckpointEntry::Kind, std::size_t> counts;
-  for (const auto& entry : *src.entries) {
-    const std::string stem = state_stem(entry.kind, counts[entry.kind]++);
-    // Errors name the file(s) the object was read from.
-    const bool tensors = fs::exists(source / (stem + ".safetensors"));
-    const bool values = fs::exists(source / (stem + ".json"));
-    const std::string files = (source / stem).string() +
-                              (tensors && values ? ".{safetensors,json}" : tensors ? ".safetensors" : ".json");
+  // Errors of one object name the file(s) it was read from.
+  auto with_files = [](const std::string& files, auto&& action) {
     try {
-      entry.load(read_state_files(source, stem));
+      action();
     } catch (const Error& e) {
       detail::fail("load_state: ", files, ": ", e.what());
     } catch (const nlohmann::json::exception& e) {
       detail::fail("load_state: ", files, ": unexpected content (", e.what(), ")");
+    } catch (const c10::Error& e) {
+      detail::fail("load_state: ", files, ": ", e.what_without_backtrace());
     }
+  };
+
+  // 1. Read everything and check what can be checked without changing anything.
+  struct Pending {
+    const detail::CheckpointEntry* entry;
+    std::string files;
+    StateDict state;
+  };
+  std::vector<Pending> pending;
+  std::map<Kind, std::size_t> counts;
+  for (const auto& entry : *src.entries) {
+    const std::string stem = state_stem(entry.kind, counts[entry.kind]++);
+    const bool tensors = path_exists(source / (stem + ".safetensors"), "load_state");
+    const bool values = path_exists(source / (stem + ".json"), "load_state");
+    Pending p{&entry, (source / stem).string() +
+                          (tensors && values ? ".{safetensors,json}" : tensors ? ".safetensors" : ".json"), {}};
+    with_files(p.files, [&] {
+      p.state = read_state_files(source, stem);
+      if (entry.check) entry.check(p.state);
+    });
+    pending.push_back(std::move(p));
   }
-  if (src.save_scaler()) src.load_scaler(read_state_files(source, "scaler"));
+  std::optional<StateDict> scaler;
+  if (src.save_scaler()) {
+    const std::string files = (source / "scaler").string() + ".json";
+    with_files(files, [&] { scaler = read_state_files(source, "scaler"); });
+  }
   const std::string rng_stem = "random_states_" + std::to_string(src.rank);
-  const StateDict per_rank = read_state_files(source, rng_stem);
-  load_rng_state(per_rank, (source / rng_stem).string());
-  src.load_accumulation(per_rank);
+  const std::string rng_files = (source / rng_stem).string() + ".{safetensors,json}";
+  StateDict per_rank;
+  with_files(rng_files, [&] {
+    per_rank = read_state_files(source, rng_stem);
+    check_rng_state(per_rank, (source / rng_stem).string() + ".safetensors");
+  });
+
+  // 2. Restore, undoing on failure. Entries with a check cannot fail and come last.
+  auto deep_copy = [](StateDict s) {
+    for (auto& [key, t] : s.tensors) t = t.defined() ? t.clone() : t;
+    return s;
+  };
+  std::vector<std::function<void()>> undo;  // restores, in the order the objects were changed
+  try {
+    for (auto& p : pending) {
+      if (p.entry->check) continue;
+      undo.push_back([entry = p.entry, snapshot = deep_copy(p.entry->save())] { entry->load(snapshot); });
+      with_files(p.files, [&] { p.entry->load(p.state); });
+    }
+    if (scaler) {
+      undo.push_back([&src, snapshot = *src.save_scaler()] { src.load_scaler(snapshot); });
+      with_files((source / "scaler").string() + ".json", [&] { src.load_scaler(*scaler); });
+    }
+    undo.push_back([&src, snapshot = src.save_accumulation()] { src.load_accumulation(snapshot); });
+    with_files(rng_files, [&] { src.load_accumulation(per_rank); });
+  } catch (const std::exception& e) {
+    // Every restore is tried; one that fails too is named with the original error.
+    std::string also;
+    for (auto it = undo.rbegin(); it != undo.rend(); ++it) {
+      try {
+        (*it)();
+      } catch (const std::exception& restore) {
+        also += std::string("\n  and restoring an object's previous state failed too: ") + restore.what();
+      }
+    }
+    if (!also.empty()) detail::fail(e.what(), also);
+    throw;
+  }
+  for (auto& p : pending)
+    if (p.entry->check) p.entry->load(p.state);
+  load_rng_state(per_rank, (source / rng_stem).string() + ".safetensors");
 
   // Continue numbering after the loaded checkpoint (Accelerate leaves `iteration` behind and
   // the next save collides).

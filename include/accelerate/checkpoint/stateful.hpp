@@ -6,9 +6,11 @@
 #pragma once
 
 #include <concepts>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -42,12 +44,15 @@ struct checkpoint_adapter {};
 namespace detail {
 
 /// One object save_state/load_state visit: a prepared model, optimizer, scheduler or
-/// dataloader, or a registered object, with how to read and restore its state.
+/// dataloader, or a registered object, with how to read and restore its state. `check`, when
+/// set, finds every problem `load` would meet without changing anything (load_state applies
+/// such entries last, so it never has to undo them).
 struct CheckpointEntry {
   enum class Kind { model, optimizer, scheduler, dataloader, custom };
   Kind kind;
   std::function<StateDict()> save;
   std::function<void(const StateDict&)> load;
+  std::function<void(const StateDict&)> check = {};
 };
 
 }  // namespace detail
@@ -69,6 +74,11 @@ template <class T>
 T StateDict::value(const std::string& key) const {
   const auto it = values.find(key);
   ACCELERATE_CHECK(it != values.end(), "state: value '", key, "' is missing");
+  if constexpr (std::is_unsigned_v<T> && !std::is_same_v<T, bool>) {
+    // nlohmann would turn -1 into 18446744073709551615.
+    ACCELERATE_CHECK(it->is_number_unsigned() || (it->is_number_integer() && it->template get<std::int64_t>() >= 0),
+                     "state: value '", key, "' is ", it->dump(), ", expected a natural number");
+  }
   try {
     return it->template get<T>();
   } catch (const nlohmann::json::exception& e) {
