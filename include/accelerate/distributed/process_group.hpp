@@ -32,20 +32,56 @@
 
 namespace accelerate::distributed {
 
+/// Broadcasts `tensors` from `root` in place: one flat broadcast per dtype.
+inline void broadcast_flat(Communicator& comm, const std::vector<at::Tensor>& tensors, int root) {
+  torch::NoGradGuard no_grad;
+  std::map<int, std::vector<at::Tensor>> by_dtype;
+  for (const auto& t : tensors) by_dtype[static_cast<int>(t.scalar_type())].push_back(t);
+  for (auto& [dtype, group] : by_dtype) {
+    std::vector<at::Tensor> flat_parts;
+    for (auto& t : group) flat_parts.push_back(t.detach().reshape(-1));
+    at::Tensor flat = at::cat(flat_parts);
+    comm.broadcast(flat, root);
+    int64_t offset = 0;
+    for (auto& t : group) {
+      t.detach().copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
 /// What a prepared model keeps for gradient synchronisation: its reducer (none when the job
-/// has a single process).
+/// has a single process) and, with broadcast_buffers, the buffers rank 0 broadcasts before
+/// every forward (BatchNorm statistics stay the same on every rank, as in PyTorch DDP).
 class ReducerHandle {
  public:
   ReducerHandle() = default;
-  explicit ReducerHandle(std::shared_ptr<GradientReducer> reducer) : reducer_(std::move(reducer)) {}
+  explicit ReducerHandle(std::shared_ptr<GradientReducer> reducer, std::vector<at::Tensor> buffers = {},
+                         std::shared_ptr<Communicator> comm = {})
+      : reducer_(std::move(reducer)), buffers_(std::move(buffers)), comm_(std::move(comm)) {}
+  /// Before a forward pass: rank 0's buffers to every rank. Every rank must run the forward
+  /// (as with DDP); AcceleratorOptions::broadcast_buffers = false turns this off.
+  void before_forward() {
+    if (comm_ && !buffers_.empty()) broadcast_flat(*comm_, buffers_, 0);
+  }
   void set_sync(bool enabled) noexcept {
     if (reducer_) reducer_->set_sync(enabled);
   }
   bool sync_enabled() const noexcept { return !reducer_ || reducer_->sync_enabled(); }
   GradientReducer* reducer() const noexcept { return reducer_.get(); }
+  /// Buffers broadcast before each forward (empty without broadcast_buffers).
+  const std::vector<at::Tensor>& broadcast_buffers() const noexcept { return buffers_; }
+  /// Whether expect_gradients_from is wanted (find_unused_parameters).
+  bool wants_forward_outputs() const noexcept { return reducer_ && reducer_->finds_unused_parameters(); }
+  /// After a forward pass: its outputs, for finding the parameters backward will not reach.
+  void expect_gradients_from(const std::vector<at::Tensor>& outputs) {
+    if (reducer_) reducer_->expect_gradients_from(outputs);
+  }
 
  private:
   std::shared_ptr<GradientReducer> reducer_;
+  std::vector<at::Tensor> buffers_;
+  std::shared_ptr<Communicator> comm_;
 };
 
 /// Gloo: CPU tensors, any host. Binds loopback for a local job, GLOO_SOCKET_IFNAME when set,
@@ -115,6 +151,15 @@ class ProcessGroupEngine {
   }
   CommStats stats() const { return comm_ ? comm_->stats() : CommStats{}; }
 
+  /// Every rank must pass the same `value` under `key` (what a prepared object looks like);
+  /// a difference is an error on each rank naming both ranks and the first difference,
+  /// before any collective could mismatch.
+  void check_same_on_every_rank(const std::string& key, const std::string& value, const std::string& subject) {
+    if (!store_) return;
+    wait_for_all(*store_, key, env_, value, timeout_, "prepare check");
+    check_same_everywhere(*store_, key, env_, value, subject);
+  }
+
   /// The rendezvous store (null for a one-process job).
   c10d::Store* store() const noexcept { return store_.get(); }
   /// The communicator (null for a one-process job).
@@ -134,7 +179,10 @@ class ProcessGroupEngine {
         ReducerOptions{options.bucket_cap_bytes, options.first_bucket_cap_bytes,
                        options.find_unused_parameters});
     reducer->install_hooks();
-    return ReducerHandle(std::move(reducer));
+    std::vector<at::Tensor> buffers;
+    if (options.broadcast_buffers)
+      for (auto& b : module.buffers(true)) buffers.push_back(b);
+    return ReducerHandle(std::move(reducer), std::move(buffers), comm_);
   }
 
  private:
@@ -154,22 +202,10 @@ class ProcessGroupEngine {
   }
 
   void broadcast_state(torch::nn::Module& module, bool with_buffers) {
-    torch::NoGradGuard no_grad;
-    std::map<int, std::vector<at::Tensor>> by_dtype;  // one flat broadcast per dtype
-    for (auto& p : module.parameters(true)) by_dtype[static_cast<int>(p.scalar_type())].push_back(p);
+    std::vector<at::Tensor> tensors = module.parameters(true);
     if (with_buffers)
-      for (auto& b : module.buffers(true)) by_dtype[static_cast<int>(b.scalar_type())].push_back(b);
-    for (auto& [dtype, tensors] : by_dtype) {
-      std::vector<at::Tensor> flat_parts;
-      for (auto& t : tensors) flat_parts.push_back(t.detach().reshape(-1));
-      at::Tensor flat = at::cat(flat_parts);
-      comm_->broadcast(flat, 0);
-      int64_t offset = 0;
-      for (auto& t : tensors) {
-        t.detach().copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-        offset += t.numel();
-      }
-    }
+      for (auto& b : module.buffers(true)) tensors.push_back(b);
+    broadcast_flat(*comm_, tensors, 0);
   }
 
   ProcessEnvironment env_;

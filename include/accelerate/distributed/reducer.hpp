@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <unordered_set>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -40,6 +41,14 @@ struct ReducerOptions {
 /// registration order (roughly the order backward produces gradients), one dtype and device
 /// per bucket, and launched strictly in order so every rank issues the same collectives.
 /// With sync off (no_sync), hooks return at once and gradients accumulate locally.
+///
+/// Unused parameters (find_unused_parameters), as PyTorch DDP: after the prepared model's
+/// forward, the autograd graph of its outputs is walked once (expect_gradients_from), and the
+/// parameters it cannot reach count as ready at once, so their buckets launch with the
+/// others instead of waiting for the end of backward. Each step the ranks all-reduce a bitmap
+/// of the parameters that really received a gradient: one unused on every rank keeps its
+/// .grad untouched (undefined stays undefined, so momentum and weight decay leave it alone);
+/// one used anywhere gets the average, the unused ranks contributing zeros.
 class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
  public:
   GradientReducer(std::vector<std::pair<std::string, at::Tensor>> named_params,
@@ -74,6 +83,29 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// Whether backward passes communicate (false inside no_sync / accumulation micro-steps).
   void set_sync(bool enabled) noexcept { sync_ = enabled; }
   bool sync_enabled() const noexcept { return sync_; }
+
+  bool finds_unused_parameters() const noexcept { return options_.find_unused_parameters; }
+
+  /// Called after a forward pass with its outputs (find_unused_parameters only): the
+  /// parameters their autograd graph cannot reach will get no gradient in this backward.
+  void expect_gradients_from(const std::vector<at::Tensor>& outputs) {
+    unreachable_.clear();
+    if (!options_.find_unused_parameters || !sync_) return;
+    std::unordered_set<const torch::autograd::Node*> seen;
+    std::vector<torch::autograd::Node*> stack;
+    for (const auto& t : outputs)
+      if (t.defined() && t.requires_grad() && t.grad_fn()) stack.push_back(t.grad_fn().get());
+    while (!stack.empty()) {
+      torch::autograd::Node* node = stack.back();
+      stack.pop_back();
+      if (!seen.insert(node).second) continue;
+      for (const auto& edge : node->next_edges())
+        if (edge.function && !seen.count(edge.function.get())) stack.push_back(edge.function.get());
+    }
+    unreachable_.assign(params_.size(), false);
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      unreachable_[i] = !seen.count(hooks_[i].first.get());
+  }
 
   /// Bucket layout: parameter indices per bucket, in launch order (for tests and benchmarks).
   std::vector<std::vector<std::size_t>> bucket_layout() const {
@@ -145,6 +177,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       bucket.pending = bucket.params.size();
     }
     ready_.assign(params_.size(), false);
+    used_.assign(params_.size(), false);
   }
 
   void on_ready(std::size_t index) {
@@ -156,19 +189,29 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
           [weak = weak_from_this()] {
             if (auto reducer = weak.lock()) reducer->finish_round();
           });
+      // What the forward's graph cannot reach is ready now (zeros), not at the end.
+      if (!unreachable_.empty())
+        for (std::size_t i = 0; i < params_.size(); ++i)
+          if (unreachable_[i]) mark_ready(i, /*used=*/false);
     }
-    mark_ready(index);
+    if (ready_[index] && !used_[index]) {
+      late_.push_back(names_[index]);  // predicted unused, yet it received a gradient
+      return;
+    }
+    mark_ready(index, /*used=*/true);
   }
 
-  // Copies a gradient (zeros when it has none) into its bucket; launches full buckets.
-  void mark_ready(std::size_t index) {
+  // Copies a gradient (zeros when unused or it has none) into its bucket; launches full
+  // buckets.
+  void mark_ready(std::size_t index, bool used) {
     if (ready_[index]) return;
     ready_[index] = true;
+    used_[index] = used;
     ++ready_count_;
     Bucket& bucket = buckets_[bucket_of_[index]];
     const at::Tensor& grad = params_[index].grad();
     at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[position_of_[index]], params_[index].numel());
-    if (grad.defined()) slot.copy_(grad.reshape(-1));
+    if (used && grad.defined()) slot.copy_(grad.reshape(-1));
     else slot.zero_();
     if (--bucket.pending == 0) launch_ready_buckets();
   }
@@ -200,14 +243,38 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
             ". Use every parameter in forward, freeze them (requires_grad=false), or set "
             "AcceleratorOptions::find_unused_parameters = true");
       }
-      for (std::size_t i = 0; i < params_.size(); ++i) mark_ready(i);  // the unused contribute zeros
+      for (std::size_t i = 0; i < params_.size(); ++i) mark_ready(i, /*used=*/false);  // zeros
     }
+    if (!late_.empty()) {
+      std::ostringstream list;
+      for (const auto& name : late_) list << ' ' << name;
+      wait_launched();
+      reset_round();
+      accelerate::detail::fail("gradient sync (rank ", comm_->rank(), "): parameter(s)", list.str(),
+                               " received a gradient although the model's output does not depend on "
+                               "them (used outside the prepared model's forward?); with "
+                               "find_unused_parameters every parameter's gradient must come through "
+                               "the model's output");
+    }
+    // Which parameters received a gradient on some rank (DDP's unused-parameter bitmap).
+    at::Tensor used_anywhere;
+    if (options_.find_unused_parameters) {
+      used_anywhere = at::empty({static_cast<int64_t>(params_.size())}, at::TensorOptions().dtype(at::kInt));
+      int* flags = used_anywhere.data_ptr<int>();
+      for (std::size_t i = 0; i < params_.size(); ++i) flags[i] = used_[i] ? 1 : 0;
+      used_anywhere = used_anywhere.to(params_.front().device());  // NCCL takes device tensors
+      comm_->all_reduce(used_anywhere, Reduction::max);
+      used_anywhere = used_anywhere.cpu();
+    }
+    const int* used_flags = used_anywhere.defined() ? used_anywhere.data_ptr<int>() : nullptr;
     torch::NoGradGuard no_grad;
     for (auto& bucket : buckets_) {
       comm_->wait(bucket.work, "gradient all_reduce");
       bucket.flat.div_(comm_->world_size());
       for (std::size_t j = 0; j < bucket.params.size(); ++j) {
-        at::Tensor& param = params_[bucket.params[j]];
+        const std::size_t index = bucket.params[j];
+        if (used_flags && used_flags[index] == 0) continue;  // unused everywhere: .grad untouched
+        at::Tensor& param = params_[index];
         at::Tensor averaged =
             bucket.flat.narrow(0, bucket.offsets[j], param.numel()).view(param.sizes());
         at::Tensor& grad = param.mutable_grad();
@@ -232,6 +299,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     next_bucket_ = 0;
     ready_count_ = 0;
     std::fill(ready_.begin(), ready_.end(), false);
+    std::fill(used_.begin(), used_.end(), false);
+    unreachable_.clear();  // a prediction holds for the one backward after its forward
+    late_.clear();
     for (auto& bucket : buckets_) {
       bucket.pending = bucket.params.size();
       bucket.work.reset();
@@ -246,6 +316,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::vector<std::size_t> bucket_of_;    // parameter -> bucket
   std::vector<std::size_t> position_of_;  // parameter -> position in its bucket
   std::vector<bool> ready_;
+  std::vector<bool> used_;         // received a gradient in this backward (ready_ and used)
+  std::vector<bool> unreachable_;  // predicted unused by the last forward; empty: no prediction
+  std::vector<std::string> late_;  // predicted unused, yet a gradient came
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
   std::size_t next_bucket_ = 0;
   std::size_t ready_count_ = 0;

@@ -5,6 +5,7 @@
 #include <memory>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -19,7 +20,9 @@ namespace accelerate {
 ///   - Fp32 with one process: holds only the module; operator() is a direct forward call.
 ///   - Bf16/Fp16: forward runs under autocast and floating outputs come back as fp32
 ///     (AcceleratorOptions::convert_outputs_to_fp32).
-///   - Distributed: also holds the model's gradient reducer (see distributed/reducer.hpp).
+///   - Distributed: also holds the model's gradient reducer (see distributed/reducer.hpp);
+///     before each forward rank 0's buffers are broadcast (AcceleratorOptions::broadcast_buffers),
+///     so every rank must call it, as with PyTorch DDP.
 /// Example:
 ///   auto [model] = acc.prepare(Net());
 ///   auto out = model(x);          // Net's forward
@@ -40,12 +43,21 @@ class PreparedModel {
   template <class... Args>
   decltype(auto) operator()(Args&&... args) {
     if constexpr (!Precision::autocast) {
-      return impl().forward(std::forward<Args>(args)...);
+      if constexpr (tracks_outputs) {
+        sync_.before_forward();
+        auto output = impl().forward(std::forward<Args>(args)...);
+        after_forward(output);
+        return output;
+      } else {
+        return impl().forward(std::forward<Args>(args)...);
+      }
     } else {
+      if constexpr (tracks_outputs) sync_.before_forward();
       auto output = [&] {
         AutocastScope<Precision> scope(acc_->device().type());
         return impl().forward(std::forward<Args>(args)...);
       }();
+      if constexpr (tracks_outputs) after_forward(output);
       if constexpr (data::is_nested_v<decltype(output)>) {
         if (acc_->options().convert_outputs_to_fp32) {
           return data::map_tensors(output, [](const at::Tensor& t) {
@@ -72,6 +84,23 @@ class PreparedModel {
   ModelSync& model_sync() noexcept { return sync_; }
 
  private:
+  // A distributed model's sync runs before each forward (buffers) and may need the forward's
+  // outputs (to find unused parameters early).
+  static constexpr bool tracks_outputs = requires(ModelSync& s, const std::vector<at::Tensor>& outputs) {
+    s.before_forward();
+    s.expect_gradients_from(outputs);
+  };
+
+  template <class Output>
+  void after_forward(const Output& output) {
+    if constexpr (data::is_nested_v<Output>) {
+      if (!sync_.wants_forward_outputs()) return;
+      std::vector<at::Tensor> tensors;
+      data::for_each_tensor(output, [&](const at::Tensor& t) { tensors.push_back(t); });
+      sync_.expect_gradients_from(tensors);
+    }
+  }
+
   Holder module_;
   [[no_unique_address]] AccRef acc_;
   [[no_unique_address]] ModelSync sync_;
