@@ -3,8 +3,13 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
+#include <thread>
 #include <utility>
 #include <sstream>
 #include <string>
@@ -37,6 +42,41 @@ inline std::string first_difference(const std::string& mine, const std::string& 
     if (!more_b) return "this rank has an extra field " + x;
     if (x != y) return x + " (" + them + ": " + y + ")";
   }
+}
+
+/// Runs `make()` and returns its result, or fails with `message()` when it has not returned
+/// within `deadline`: c10d's store client can block far longer than its timeout on a peer
+/// that accepts the connection and never answers. The late call is left to finish (or block)
+/// on its own thread; its result, if any, is dropped.
+template <class Make, class Message>
+auto within_deadline(Make make, std::chrono::milliseconds deadline, Message message) {
+  using Result = decltype(make());
+  struct Shared {
+    std::mutex mutex;
+    std::condition_variable done;
+    std::optional<Result> result;
+    std::exception_ptr error;
+    bool finished = false;
+  };
+  auto shared = std::make_shared<Shared>();
+  std::thread([shared, make = std::move(make)]() mutable {
+    std::optional<Result> result;
+    std::exception_ptr error;
+    try {
+      result.emplace(make());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(shared->mutex);
+    shared->result = std::move(result);
+    shared->error = error;
+    shared->finished = true;
+    shared->done.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(shared->mutex);
+  if (!shared->done.wait_for(lock, deadline, [&] { return shared->finished; })) accelerate::detail::fail(message());
+  if (shared->error) std::rethrow_exception(shared->error);
+  return std::move(*shared->result);
 }
 
 }  // namespace detail
@@ -96,7 +136,18 @@ inline std::pair<compat::StorePtr, int> process_store(const ProcessEnvironment& 
   auto& [store, uses] = stores[{env.master_addr, env.master_port}];
   if (!store) {
     try {
-      store = compat::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size, timeout);
+      store = detail::within_deadline(
+          [host = env.master_addr, port = env.master_port, server = env.rank == 0, world = env.world_size,
+           timeout] { return compat::make_tcp_store(host, port, server, world, timeout); },
+          timeout + std::chrono::seconds(2), [&] {
+            std::ostringstream what;
+            what << "rendezvous: rank " << env.rank << " connected to " << env.master_addr << ":" << env.master_port
+                 << " but no store answered there within " << detail::seconds(timeout)
+                 << " (another program holding the port?)";
+            return what.str();
+          });
+    } catch (const Error&) {
+      throw;
     } catch (const std::exception& e) {
       if (env.rank == 0) {
         accelerate::detail::fail("rendezvous: rank 0 could not serve the store on ", env.master_addr, ":",
