@@ -107,6 +107,41 @@ TEST(Launch, ForwardsSigtermToEveryRank) {
   for (pid_t pid : ranks) EXPECT_FALSE(alive(pid));
 }
 
+// Running, as opposed to gone or a zombie nobody reaped yet.
+bool running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), {});
+  const auto close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() && text[close + 2] != 'Z' && text[close + 2] != 'X';
+}
+
+// A launcher killed with SIGKILL (nothing it can forward) takes its ranks with it.
+TEST(Launch, RanksDieWithTheirLauncher) {
+  TempDir dir;
+  const pid_t launcher = ::fork();
+  if (launcher == 0) {
+    ::execl(ACCELERATE_LAUNCH_PROBE, ACCELERATE_LAUNCH_PROBE, "--nproc", "2", "--sleep", "60", "--pid-dir",
+            dir.path().c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  for (int i = 0; i < 200 && !(std::filesystem::exists(dir / "rank0.pid") && std::filesystem::exists(dir / "rank1.pid")); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto ranks = pids(dir, 2);
+  ASSERT_TRUE(running(ranks[0]) && running(ranks[1]));
+  ::kill(launcher, SIGKILL);
+  ::waitpid(launcher, nullptr, 0);
+  bool gone = false;
+  for (int i = 0; i < 40 && !gone; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gone = !running(ranks[0]) && !running(ranks[1]);
+  }
+  for (pid_t pid : ranks) {
+    EXPECT_FALSE(running(pid)) << "rank pid " << pid << " outlived its launcher by 2 s";
+    if (running(pid)) ::kill(pid, SIGKILL);
+  }
+}
+
 TEST(Launch, JoinsWhenAlreadyUnderALauncher) {
   TempDir dir;
   const auto r = run("RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 " +

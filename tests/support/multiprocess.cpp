@@ -1,6 +1,8 @@
 // Implementation of support/multiprocess.hpp.
 #include "multiprocess.hpp"
 
+#include <algorithm>
+
 #include <accelerate/launch/launch.hpp>
 
 #include <gtest/gtest.h>
@@ -59,8 +61,9 @@ JobResult run_job(const std::string& name, const JobOptions& options) {
     p.env["ACCELERATE_TEST_ARGS"] = args;
     p.env["RANK"] = std::to_string(rank);
     p.env["WORLD_SIZE"] = std::to_string(options.world_size);
-    p.env["LOCAL_RANK"] = std::to_string(rank);
-    p.env["LOCAL_WORLD_SIZE"] = std::to_string(options.world_size);
+    const int per_node = options.world_size / std::max(1, options.nodes);
+    p.env["LOCAL_RANK"] = std::to_string(rank % per_node);
+    p.env["LOCAL_WORLD_SIZE"] = std::to_string(per_node);
     p.env["MASTER_ADDR"] = "127.0.0.1";
     if (!p.env.count("MASTER_PORT")) p.env["MASTER_PORT"] = port;
     if (!p.env.count("OMP_NUM_THREADS")) p.env["OMP_NUM_THREADS"] = "1";
@@ -92,6 +95,7 @@ torch::Tensor load_tensor(const std::filesystem::path& path) {
 
 int multiprocess_main(int argc, char** argv) {
   if (const char* name = std::getenv("ACCELERATE_TEST_WORKER")) {
+    launch_detail::follow_supervisor();
     const std::string rank = std::getenv("RANK") ? std::getenv("RANK") : "0";
     const auto log = job_dir() / ("rank" + rank + ".log");
     std::freopen(log.c_str(), "w", stdout);

@@ -46,6 +46,8 @@ struct JobOptions {
   std::map<std::string, std::string> env;  // extra environment for every rank
   std::vector<std::string> args;           // ACCELERATE_TEST_ARGS for the worker
   double grace_seconds = 3.0;
+  /// Nodes the ranks are spread over, as LOCAL_RANK/LOCAL_WORLD_SIZE tell them (all on this host).
+  int nodes = 1;
 };
 
 /// Runs worker `name` as the ranks of a job through accelerate's own supervisor and returns

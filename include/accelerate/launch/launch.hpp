@@ -41,7 +41,11 @@ int launch(int argc, char** argv, Fn&& fn) {
     return 2;
   }
   const int world = options.nproc * options.nnodes;
-  if (env.launched() || world == 1) return std::forward<Fn>(fn)(argc, argv);
+  if (env.launched()) {
+    launch_detail::follow_supervisor();  // a rank of our own launcher dies with it
+    return std::forward<Fn>(fn)(argc, argv);
+  }
+  if (world == 1) return std::forward<Fn>(fn)(argc, argv);
 
   try {
     const int port = options.master_port ? *options.master_port : launch_detail::free_port();

@@ -4,6 +4,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -63,6 +65,20 @@ inline int exit_code(int status) {
   return 1;
 }
 
+/// The variable through which a rank learns its supervisor's pid.
+inline constexpr const char* supervisor_pid_variable = "ACCELERATE_SUPERVISOR_PID";
+
+/// In a rank started by supervise(): die at once (SIGKILL) when the supervisor dies, so no rank
+/// outlives a launcher killed with SIGKILL. A supervisor already gone before the request was
+/// made (the race PR_SET_PDEATHSIG leaves) is caught by comparing the parent's pid.
+inline void follow_supervisor() {
+  const char* text = std::getenv(supervisor_pid_variable);
+  if (!text) return;
+  const auto supervisor = static_cast<pid_t>(std::strtol(text, nullptr, 10));
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != supervisor) ::raise(SIGKILL);
+}
+
 }  // namespace launch_detail
 
 /// One rank to start: its command line and the variables added to this process's environment.
@@ -75,7 +91,8 @@ struct RankProcess {
 /// Starts the ranks and waits for them. Returns 0 when all exit 0; otherwise the first
 /// failing rank's code (128 + signal when killed), after terminating the others (SIGTERM,
 /// then SIGKILL after `grace_seconds`). Prints one line naming the failing rank to stderr.
-/// SIGINT and SIGTERM sent to the supervisor are forwarded to every rank.
+/// SIGINT and SIGTERM sent to the supervisor are forwarded to every rank. Ranks that call
+/// launch_detail::follow_supervisor() (accelerate::launch does) die with the supervisor.
 inline int supervise(std::vector<RankProcess>& ranks, int first_rank, double grace_seconds) {
   struct sigaction action {};
   action.sa_handler = launch_detail::remember_signal;
@@ -91,6 +108,8 @@ inline int supervise(std::vector<RankProcess>& ranks, int first_rank, double gra
       if (!rank.env.count(entry.substr(0, entry.find('=')))) env_strings.push_back(entry);
     }
     for (const auto& [key, value] : rank.env) env_strings.push_back(key + "=" + value);
+    if (!rank.env.count(launch_detail::supervisor_pid_variable))
+      env_strings.push_back(std::string(launch_detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()));
     std::vector<char*> envp, argv;
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
