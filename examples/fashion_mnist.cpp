@@ -8,7 +8,9 @@
 
 #include <torch/torch.h>
 
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
@@ -52,6 +54,26 @@ struct Progress {
   std::exit(2);
 }
 
+// A whole-number flag value: digits only (no sign, no fraction, nothing after), in range.
+template <class T>
+T parse_count(const std::string& flag, const std::string& text) {
+  T out{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), out);
+  if (text.empty() || text.front() == '-' || text.front() == '+' || error != std::errc() ||
+      end != text.data() + text.size())
+    usage(flag + " needs a whole number, got '" + text + "'");
+  return out;
+}
+
+// A real-number flag value: the whole text must be a finite number.
+double parse_real(const std::string& flag, const std::string& text) {
+  double out = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), out);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size() || !std::isfinite(out))
+    usage(flag + " needs a number, got '" + text + "'");
+  return out;
+}
+
 // The value of `--config FILE` in argv, if any.
 std::optional<std::string> config_file(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i)
@@ -80,34 +102,31 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(flag + " needs a value");
       return argv[++i];
     };
-    try {
-      if (flag == "--epochs") a.epochs = std::stoi(value());
-      else if (flag == "--batch-size") a.batch_size = std::stoul(value());
-      else if (flag == "--lr") a.lr = std::stod(value());
-      else if (flag == "--seed") a.seed = std::stoull(value());
-      else if (flag == "--data") a.data = value();
-      else if (flag == "--no-progress") a.progress = false;
-      else if (flag == "--project-dir") a.project_dir = value();
-      else if (flag == "--resume") a.resume = true;
-      else if (flag == "--env") a.env = true;
-      else if (flag == "--config") value();  // read before the other flags
-      else if (flag == "--log-with") {
-        std::stringstream list(value());
-        for (std::string name; std::getline(list, name, ',');) a.log_with.push_back(name);
-      }
-      else if (flag == "--accum") a.run.gradient_accumulation_steps = std::stoul(value());
-      else if (flag == "--clip-norm") a.run.max_grad_norm = std::stod(value());
-      else if (flag == "--precision") {
-        const std::string p = value();
-        if (p != "fp32" && p != "bf16" && p != "fp16") usage("--precision must be fp32, bf16 or fp16");
-        a.run.mixed_precision = p == "fp32" ? "no" : p;
-      } else usage("unknown flag " + flag);
-    } catch (const std::logic_error&) {
-      usage("bad value for " + flag);
+    if (flag == "--epochs") a.epochs = parse_count<int>(flag, value());
+    else if (flag == "--batch-size") a.batch_size = parse_count<std::size_t>(flag, value());
+    else if (flag == "--lr") a.lr = parse_real(flag, value());
+    else if (flag == "--seed") a.seed = parse_count<std::uint64_t>(flag, value());
+    else if (flag == "--data") a.data = value();
+    else if (flag == "--no-progress") a.progress = false;
+    else if (flag == "--project-dir") a.project_dir = value();
+    else if (flag == "--resume") a.resume = true;
+    else if (flag == "--env") a.env = true;
+    else if (flag == "--config") value();  // read before the other flags
+    else if (flag == "--log-with") {
+      std::stringstream list(value());
+      for (std::string name; std::getline(list, name, ',');) a.log_with.push_back(name);
     }
+    else if (flag == "--accum") a.run.gradient_accumulation_steps = parse_count<std::size_t>(flag, value());
+    else if (flag == "--clip-norm") a.run.max_grad_norm = parse_real(flag, value());
+    else if (flag == "--precision") {
+      const std::string p = value();
+      if (p != "fp32" && p != "bf16" && p != "fp16") usage("--precision must be fp32, bf16 or fp16");
+      a.run.mixed_precision = p == "fp32" ? "no" : p;
+    } else usage("unknown flag " + flag);
   }
   if (a.epochs < 1 || a.batch_size < 1 || !(a.lr > 0) || a.run.gradient_accumulation_steps < 1)
     usage("--epochs, --batch-size, --lr and --accum must be positive");
+  if (a.run.max_grad_norm && *a.run.max_grad_norm < 0) usage("--clip-norm must not be negative");
   if (a.resume && a.project_dir.empty()) usage("--resume needs --project-dir");
   return a;
 }

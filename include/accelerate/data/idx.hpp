@@ -98,6 +98,13 @@ inline TensorDataset load_fashion_mnist(const std::filesystem::path& dir, bool t
                    "Fashion-MNIST: ", images_path.string(), " has shape ", images.sizes(), " but ",
                    labels_path.string(), " has shape ", labels.sizes(),
                    " (expected [N, 28, 28] and [N])");
+  // A label outside the 10 classes would reach the loss as an out-of-range index (an uncaught
+  // c10::IndexError); name the record instead.
+  const at::Tensor out_of_range = (labels.to(at::kLong) > 9).nonzero();
+  ACCELERATE_CHECK(out_of_range.numel() == 0, "Fashion-MNIST: ", labels_path.string(), ": record ",
+                   out_of_range.numel() ? out_of_range[0][0].item<int64_t>() : 0, " has label ",
+                   out_of_range.numel() ? labels[out_of_range[0][0].item<int64_t>()].item<int64_t>() : 0,
+                   ", outside the classes 0..9 (a corrupt file?)");
   constexpr double mean = 0.2860, stddev = 0.3530;  // of the training images scaled to [0, 1]
   at::Tensor x = images.reshape({images.size(0), -1}).to(at::kFloat).div_(255.0);
   x.sub_(mean).div_(stddev);
