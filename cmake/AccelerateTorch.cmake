@@ -93,7 +93,19 @@ macro(accelerate_find_torch)
     set(Torch_DIR "${_accelerate_torch_dir}")
   else()
     set(Torch_DIR "${_accelerate_torch_dir}")
+    # PyTorch's CUDA probe (a try_compile in FindCUDA's GPU detection) inherits the CUDA
+    # dialect from CMAKE_CXX_STANDARD; CUDA20 cannot be set by CMake 3.25 with this nvcc, so a
+    # consumer that set CMAKE_CXX_STANDARD 20 failed to configure on every GPU machine. The
+    # probe gets CUDA 17 unless the consumer chose a CUDA standard; the choice is undone after.
+    set(_accelerate_set_cuda_standard OFF)
+    if(NOT DEFINED CMAKE_CUDA_STANDARD)
+      set(CMAKE_CUDA_STANDARD 17)
+      set(_accelerate_set_cuda_standard ON)
+    endif()
     find_package(Torch CONFIG REQUIRED)
+    if(_accelerate_set_cuda_standard)
+      unset(CMAKE_CUDA_STANDARD)
+    endif()
   endif()
   if(Torch_VERSION VERSION_LESS 2.0)
     message(FATAL_ERROR "accelerate: needs LibTorch 2.x, found ${Torch_VERSION}")
