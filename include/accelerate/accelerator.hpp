@@ -41,6 +41,7 @@
 #include <accelerate/detail/type_name.hpp>
 #include <accelerate/distributed/reduction.hpp>
 #include <accelerate/distributed/stats.hpp>
+#include <accelerate/gradient_state.hpp>
 #include <accelerate/launch/preemption.hpp>
 #include <accelerate/options.hpp>
 #include <accelerate/policy/accumulation.hpp>
@@ -71,7 +72,7 @@ struct Empty {};
 struct CoreState {
   AcceleratorOptions options;
   c10::Device device{c10::kCPU};
-  BatchPosition batch;                     // from the most recent prepared-dataloader batch
+  GradientState gradient_state;            // the prepared dataloaders being iterated now
   std::vector<CheckpointEntry> checkpoint; // in prepare()/registration order
   bool trigger = false;                    // set_trigger()/check_trigger()
   std::vector<AnyTracker> trackers;        // main process only
@@ -134,6 +135,13 @@ struct ClipState<C, ClipKind::norm> {
 
 template <class T>
 inline constexpr bool dependent_false = false;
+
+/// Whether T is what prepare() of accelerator type Acc returned.
+template <class T, class Acc> struct prepared_by : std::false_type {};
+template <class H, class Acc> struct prepared_by<PreparedModel<H, Acc>, Acc> : std::true_type {};
+template <class O, class Acc> struct prepared_by<PreparedOptimizer<O, Acc>, Acc> : std::true_type {};
+template <class S, class Acc> struct prepared_by<PreparedScheduler<S, Acc>, Acc> : std::true_type {};
+template <class S, class Acc> struct prepared_by<PreparedDataLoader<S, Acc>, Acc> : std::true_type {};
 
 }  // namespace detail
 
@@ -252,6 +260,15 @@ class Accelerator {
     else return true;
   }
 
+  /// The prepared dataloaders being iterated now (Accelerate's GradientState).
+  const GradientState& gradient_state() const noexcept { return core_.gradient_state; }
+  /// Whether the innermost prepared dataloader being iterated is at its epoch's last batch
+  /// (false outside every loop).
+  bool end_of_dataloader() const noexcept { return core_.gradient_state.end_of_dataloader(); }
+  /// Real samples in the innermost active dataloader's last global batch; -1 outside every
+  /// loop or for a loader of unknown length (Accelerate's GradientState.remainder).
+  std::int64_t remainder() const noexcept { return core_.gradient_state.remainder(); }
+
   /// Micro-steps counted by accumulate() since the last forced sync (Accelerate's `step`).
   std::size_t step() const noexcept {
     if constexpr (accumulating) return accum_.step;
@@ -287,10 +304,11 @@ class Accelerator {
     return clip_.last_norm;
   }
 
-  /// Prints the arguments, separated by spaces, on the main process only.
+  /// Prints the arguments, separated by spaces, once per node (on each local main process),
+  /// as Accelerate's print does.
   template <class... Args>
   void print(const Args&... args) const {
-    if (!is_main_process()) return;
+    if (!is_local_main_process()) return;
     std::ostringstream out;
     bool first = true;
     ((out << (first ? "" : " ") << args, first = false), ...);
@@ -316,6 +334,8 @@ class Accelerator {
   ///   - an accelerate::DataLoader, a map-style dataset or a range of batches ->
   ///     PreparedDataLoader (this rank's shard, batches on device()).
   /// Lvalue optimizers, schedulers and data are referred to, not copied: keep them alive.
+  /// An object this accelerator already prepared comes back unchanged (not wrapped, sharded
+  /// or registered twice).
   /// Example:
   ///   auto [model, opt, loader, sched] = acc.prepare(net, optimizer, data, scheduler);
   template <class... Objects>
@@ -370,12 +390,18 @@ class Accelerator {
   }
 
   /// Restores what save_state() wrote; without `dir`, the latest complete automatic checkpoint.
-  /// The folder, every file's size and the run's shape (world size, number of models,
-  /// optimizers...) are checked before anything is loaded; errors name the file. Afterwards
-  /// each prepared dataloader resumes at the batch after the last one consumed, and automatic
+  /// All or nothing: the folder, every file's size and checksum, the run's shape (world size,
+  /// number of models, optimizers...), the configuration fingerprint (unless
+  /// `options.allow_configuration_change`) and every object's content are checked first, and
+  /// on any error every object is left as it was; errors name the file. Afterwards each
+  /// prepared dataloader resumes at the batch after the last one consumed, and automatic
   /// numbering continues after the loaded checkpoint. Returns the folder loaded.
-  std::filesystem::path load_state(const std::optional<std::filesystem::path>& dir = std::nullopt) {
-    return checkpoint::load_state(state_sources(), core_.options.project, dir);
+  /// Example:
+  ///   acc.load_state();                         // the latest automatic checkpoint
+  ///   acc.load_state("runs/a/state", {.allow_configuration_change = true});
+  std::filesystem::path load_state(const std::optional<std::filesystem::path>& dir = std::nullopt,
+                                   const LoadStateOptions& options = {}) {
+    return checkpoint::load_state(state_sources(), core_.options.project, dir, options);
   }
 
   /// Writes a model's parameters and buffers (unwrapped names) as Hugging Face safetensors
@@ -423,6 +449,7 @@ class Accelerator {
   /// Example:
   ///   for (auto& [x, y] : loader) { auto step = acc.accumulate(model); ... }
   template <class... Models>
+  [[nodiscard("keep the scope alive for the micro-step: auto step = acc.accumulate(model);")]]
   auto accumulate(Models&... models) {
     if constexpr (!accumulating) {
       ((void)models, ...);
@@ -442,6 +469,7 @@ class Accelerator {
   /// Skips gradient communication of the given models until the scope ends; gradients
   /// accumulate locally (DDP's no_sync). Empty with one process.
   template <class... Models>
+  [[nodiscard("keep the scope alive: auto scope = acc.no_sync(model);")]]
   auto no_sync(Models&... models) {
     if constexpr (distributed) {
       return NoSyncScope<model_sync_type, sizeof...(Models)>({&models.model_sync()...});
@@ -452,54 +480,111 @@ class Accelerator {
   }
 
   /// Autocast for work outside the model (a complex loss); an empty type under Fp32.
+  [[nodiscard("keep the scope alive: auto scope = acc.autocast();")]]
   AutocastScope<precision_policy> autocast() const {
     return AutocastScope<precision_policy>(core_.device.type());
   }
 
   /// Clips the gradients of `params` to a global `norm_type`-norm of at most `max_norm` and
-  /// returns the norm before clipping. Fp16 gradients are unscaled first (once per step, only
-  /// for the optimizers owning these parameters). Gradients are already averaged across ranks,
-  /// so the norm is the same on every rank.
+  /// returns the norm before clipping. Fp16 gradients are unscaled first, only for the
+  /// optimizers owning these parameters; a second clip call in the same optimizer step is an
+  /// error (as torch.amp.GradScaler's second unscale_). Off an accumulation boundary it does
+  /// nothing and returns 0, like the Clip policy, so it may be called every micro-step.
+  /// Gradients are already averaged across ranks, so the norm is the same on every rank.
   double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
                          double norm_type = 2.0) {
-    unscale_owners(params);
+    if (!sync_gradients()) return 0.0;
+    unscale_owners(params, "clip_grad_norm_");
     return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
   }
 
-  /// Clamps every gradient element of `params` to [-value, value] (after unscaling, Fp16).
+  /// Clamps every gradient element of `params` to [-value, value] (after unscaling, Fp16);
+  /// a no-op off an accumulation boundary, as clip_grad_norm_.
   void clip_grad_value_(const std::vector<at::Tensor>& params, double value) {
-    unscale_owners(params);
+    if (!sync_gradients()) return;
+    unscale_owners(params, "clip_grad_value_");
     torch::nn::utils::clip_grad_value_(params, value);
   }
 
   // ---------------------------------------------------------------------------------------
-  // Collectives on tensors and nested containers (vectors, arrays, tuples, maps, Examples).
-  // With one process each returns its input.
+  // Collectives on tensors and nested containers (vectors, arrays, tuples, maps, Examples)
+  // whose leaves are all tensors; a number or string leaf is a compile-time error (it could
+  // only come back as this rank's own value). Other values travel as JSON through
+  // gather_object/broadcast_object. With one process each returns its input.
 
   /// Concatenates every process's tensors along dimension 0, in rank order. Sizes along
   /// dimension 0 may differ between processes.
   template <class T>
   T gather(const T& data) {
+    static_assert(data::tensors_only_v<T>,
+                  "accelerate::Accelerator::gather: every leaf must be a tensor; gather numbers, "
+                  "strings or structs with gather_object(value)");
     if constexpr (!distributed) return data;
     else return data::map_tensors(data, [&](const at::Tensor& t) { return gather_tensor(t); });
   }
 
-  /// gather(), and on the last batch of a prepared dataloader drop the samples that even
-  /// batching duplicated, so a whole evaluation gathers exactly the dataset's length.
+  /// Every process's `value`, in rank order, for any value nlohmann::json can serialise
+  /// (numbers, strings, vectors, maps, your types with to_json/from_json).
+  /// Example:
+  ///   std::vector<std::string> names = acc.gather_object(std::string("rank ") + std::to_string(r));
   template <class T>
-  T gather_for_metrics(const T& data) {
-    T gathered = gather(data);
-    const auto& pos = core_.batch;
-    if (!pos.at_last_batch || pos.remainder == 0) return gathered;
-    const auto keep = static_cast<int64_t>(pos.remainder);
-    return data::map_tensors(gathered, [&](const at::Tensor& t) {
-      return t.dim() > 0 && t.size(0) > keep ? t.narrow(0, 0, keep) : t;
-    });
+    requires(!data::tensors_only_v<T>)
+  std::vector<T> gather_object(const T& value) {
+    if constexpr (!distributed) {
+      return {value};
+    } else {
+      std::vector<T> out;
+      for (const at::Tensor& part : gather_parts(object_bytes(value))) out.push_back(object_from_bytes<T>(part));
+      return out;
+    }
+  }
+
+  /// Process `from`'s `value` on every process, for any value nlohmann::json can serialise.
+  template <class T>
+    requires(!data::tensors_only_v<T>)
+  T broadcast_object(const T& value, int from = 0) {
+    if constexpr (!distributed) return value;
+    else return object_from_bytes<T>(broadcast_tensor(object_bytes(value), from));
+  }
+
+  /// gather(), and on the last batch of a prepared dataloader being iterated drop the samples
+  /// that even batching duplicated, so a whole evaluation gathers exactly the dataset's length.
+  /// Outside a prepared loop (results concatenated after it) nothing is dropped. A value that
+  /// is not made of tensors (or `use_gather_object`) goes through gather_object: a vector's
+  /// elements are concatenated in rank order and the duplicates dropped as for tensors;
+  /// any other value comes back as the vector of every rank's value.
+  /// Example:
+  ///   auto predictions = acc.gather_for_metrics(logits.argmax(1));
+  ///   std::vector<std::string> labels = acc.gather_for_metrics(batch_labels);  // strings: objects
+  template <class T>
+  auto gather_for_metrics(const T& data, const GatherForMetricsOptions& options = {}) {
+    const auto& state = core_.gradient_state;
+    const bool truncate = state.end_of_dataloader() && state.remainder() > 0;
+    const auto keep = state.remainder();
+    if constexpr (data::tensors_only_v<T>) {
+      ACCELERATE_CHECK(!options.use_gather_object, "gather_for_metrics: use_gather_object needs a value "
+                       "JSON can serialise; these are tensors (leave it false)");
+      T gathered = gather(data);
+      if (!truncate) return gathered;
+      return data::map_tensors(gathered, [&](const at::Tensor& t) {
+        return t.dim() > 0 && t.size(0) > keep ? t.narrow(0, 0, keep) : t;
+      });
+    } else if constexpr (data::detail::is_vector<T>::value) {
+      T gathered;
+      for (auto& part : gather_object(data)) gathered.insert(gathered.end(), part.begin(), part.end());
+      if (truncate && gathered.size() > static_cast<std::size_t>(keep)) gathered.resize(static_cast<std::size_t>(keep));
+      return gathered;
+    } else {
+      return gather_object(data);
+    }
   }
 
   /// Combines every process's tensors element-wise (sum, mean, max, min).
   template <class T>
   T reduce(const T& data, Reduction reduction = Reduction::sum) {
+    static_assert(data::tensors_only_v<T>,
+                  "accelerate::Accelerator::reduce: every leaf must be a tensor; a number or string "
+                  "would come back unreduced (wrap numbers in a tensor)");
     if constexpr (!distributed) return data;
     else
       return data::map_tensors(data, [&](const at::Tensor& t) {
@@ -512,6 +597,9 @@ class Accelerator {
   /// Every process receives process `from`'s tensors (shapes and dtypes follow the sender).
   template <class T>
   T broadcast(const T& data, int from = 0) {
+    static_assert(data::tensors_only_v<T>,
+                  "accelerate::Accelerator::broadcast: every leaf must be a tensor; broadcast numbers, "
+                  "strings or structs with broadcast_object(value)");
     if constexpr (!distributed) return data;
     else
       return data::map_tensors(data, [&](const at::Tensor& t) { return broadcast_tensor(t, from); });
@@ -522,6 +610,8 @@ class Accelerator {
   template <class T>
   T pad_across_processes(const T& data, int64_t dim = 0, double pad_value = 0,
                          bool pad_first = false) {
+    static_assert(data::tensors_only_v<T>,
+                  "accelerate::Accelerator::pad_across_processes: every leaf must be a tensor");
     if constexpr (!distributed) return data;
     else
       return data::map_tensors(data, [&](const at::Tensor& t) {
@@ -663,7 +753,7 @@ class Accelerator {
 
   /// Scope in which the main process runs first and the others wait for it (downloads,
   /// preprocessing): others block at entry, the main process at exit.
-  class MainProcessFirst {
+  class [[nodiscard]] MainProcessFirst {
    public:
     explicit MainProcessFirst(Accelerator& acc) : acc_(acc) {
       if (!acc_.is_main_process()) acc_.wait_for_everyone();
@@ -678,6 +768,7 @@ class Accelerator {
     Accelerator& acc_;
   };
   /// Example: { auto first = acc.main_process_first(); prepare_cache(); }
+  [[nodiscard("keep the scope alive: auto first = acc.main_process_first();")]]
   MainProcessFirst main_process_first() { return MainProcessFirst(*this); }
 
   // ---------------------------------------------------------------------------------------
@@ -722,8 +813,8 @@ class Accelerator {
     return num_processes();
   }
 
-  /// Records where the most recent batch of a prepared dataloader lies in its epoch.
-  void note_batch(const detail::BatchPosition& position) noexcept { core_.batch = position; }
+  /// Where prepared dataloaders register their iterations.
+  GradientState& gradient_state() noexcept { return core_.gradient_state; }
 
   /// The engine (process group, stores) behind the Backend policy.
   engine_type& engine() noexcept { return engine_; }
@@ -771,6 +862,9 @@ class Accelerator {
     else return model;
   }
 
+  template <class T>
+  static constexpr bool is_prepared_here = detail::prepared_by<T, Accelerator>::value;
+
   checkpoint::StateSources state_sources() {
     return {&core_.checkpoint,
             process_index(),
@@ -811,7 +905,9 @@ class Accelerator {
 
   template <class T>
   auto prepare_one(T&& object) {
-    if constexpr (ModuleLike<T>) {
+    if constexpr (is_prepared_here<std::remove_cvref_t<T>>) {
+      return std::remove_cvref_t<T>(object);  // already prepared: unchanged, not wrapped twice
+    } else if constexpr (ModuleLike<T>) {
       return prepare_model(std::forward<T>(object));
     } else if constexpr (OptimizerLike<T>) {
       return prepare_optimizer(std::forward<T>(object));
@@ -843,7 +939,8 @@ class Accelerator {
            for (auto& [key, value] : checkpoint::named_tensors(*shared)) s.tensors[key] = value;
            return s;
          },
-         [shared](const StateDict& s) { checkpoint::load_named_tensors(*shared, s.tensors, "the saved state"); }});
+         [shared](const StateDict& s) { checkpoint::load_named_tensors(*shared, s.tensors, "the saved state"); },
+         [shared](const StateDict& s) { checkpoint::check_named_tensors(*shared, s.tensors, "the saved state"); }});
     return PreparedModel<Holder, Accelerator>(std::move(holder), this, std::move(sync));
   }
 
@@ -858,9 +955,15 @@ class Accelerator {
       precision_.optimizers.push_back(amp);
     }
     PreparedOptimizer<Optimizer, Accelerator> prepared(held, this, amp);
+    // Built-in optimizers are checked in full before load_state changes anything, so they
+    // need no snapshot (a copy of every moment) to be undone.
+    std::function<void(const StateDict&)> check;
+    if constexpr (!Stateful<Optimizer>)
+      check = [held](const StateDict& s) { checkpoint::check_optimizer_state_dict(*held, s); };
     core_.checkpoint.push_back({detail::CheckpointEntry::Kind::optimizer,
                                 [prepared] { return prepared.state_dict(); },
-                                [prepared](const StateDict& s) mutable { prepared.load_state_dict(s); }});
+                                [prepared](const StateDict& s) mutable { prepared.load_state_dict(s); },
+                                std::move(check)});
     return prepared;
   }
 
@@ -908,6 +1011,20 @@ class Accelerator {
 
   template <class Loader>
   Loader register_loader(Loader loader) {
+    if constexpr (distributed) {
+      // Ranks whose loaders differ (batch size, length, seed...) would issue different numbers
+      // of collectives of different sizes: a hang or an abort inside the transport later.
+      std::string shape;  // space-separated fields, so the error can name the first difference
+      const StateDict state = loader.state_dict();
+      for (const auto& [key, value] : state.values.items()) shape += key + "=" + value.dump() + " ";
+      // (Without even_batches the counts may differ by design.)
+      if constexpr (requires { loader.size(); })
+        if (core_.options.even_batches) shape += " batches_per_rank=" + std::to_string(loader.size());
+      const std::string name = "dataloader_" + std::to_string(count(detail::CheckpointEntry::Kind::dataloader));
+      engine_.check_same_on_every_rank("prepare/" + name, shape,
+                                       "prepare: " + name + " must have the same batch size, length and "
+                                       "options on every rank");
+    }
     core_.checkpoint.push_back({detail::CheckpointEntry::Kind::dataloader,
                                 [loader] { return loader.state_dict(); },
                                 [loader](const StateDict& s) mutable { loader.load_state_dict(s); }});
@@ -939,15 +1056,15 @@ class Accelerator {
 
   void advance_micro_step() {
     auto& a = accum_;
-    const auto& pos = core_.batch;
+    const auto& loader = core_.gradient_state;  // outside every prepared loop: nothing to follow
     const bool follow_loader = core_.options.sync_with_dataloader;
     if (a.sync) {
       // A new window: divide by its real length when the dataloader ends it early, so the
       // gradient is the window's mean (Accelerate always divides by N).
-      const std::size_t remaining = follow_loader ? pos.remaining : 0;
+      const std::size_t remaining = follow_loader ? loader.remaining() : 0;
       a.divisor = static_cast<double>(remaining > 0 ? std::min(a.steps, remaining) : a.steps);
     }
-    if (follow_loader && pos.at_last_batch) {
+    if (follow_loader && loader.end_of_dataloader()) {
       a.step = 0;
       a.sync = true;
     } else {
@@ -956,21 +1073,29 @@ class Accelerator {
     }
   }
 
-  void unscale_owners(const std::vector<at::Tensor>& params) {
+  /// Unscales the gradients of the optimizers owning any of `params` for a user's clip call.
+  void unscale_owners(const std::vector<at::Tensor>& params, const char* caller) {
     if constexpr (precision_policy::uses_grad_scaler) {
       for (auto& amp : precision_.optimizers) {
         const bool owns = std::any_of(params.begin(), params.end(), [&](const at::Tensor& p) {
           return std::any_of(amp->params.begin(), amp->params.end(),
                              [&](const at::Tensor& q) { return q.is_same(p); });
         });
-        if (owns) precision_.scaler.unscale_(amp->params, *amp);
+        if (!owns) continue;
+        // Unscaling twice would divide the gradients by the scale twice.
+        ACCELERATE_CHECK(!amp->unscaled, caller, ": the gradients of these parameters were already "
+                         "unscaled in this optimizer step (a second clip call before opt.step()?); "
+                         "they are unscaled once per step, as torch.amp.GradScaler.unscale_");
+        precision_.scaler.unscale_(amp->params, *amp);
       }
     } else {
       (void)params;
+      (void)caller;
     }
   }
 
-  at::Tensor gather_tensor(const at::Tensor& t) {
+  /// Every rank's tensor (rows may differ), in rank order.
+  std::vector<at::Tensor> gather_parts(const at::Tensor& t) {
     const at::Tensor local = t.dim() == 0 ? t.reshape({1}) : t.contiguous();
     at::Tensor rows = at::tensor({local.size(0)}, at::kLong).to(local.device());
     std::vector<at::Tensor> all_rows = engine_.all_gather(rows);
@@ -989,7 +1114,26 @@ class Accelerator {
     }
     std::vector<at::Tensor> parts = engine_.all_gather(padded);
     for (std::size_t r = 0; r < parts.size(); ++r) parts[r] = parts[r].narrow(0, 0, counts[r]);
-    return at::cat(parts);
+    return parts;
+  }
+  at::Tensor gather_tensor(const at::Tensor& t) { return at::cat(gather_parts(t)); }
+
+  /// A value as CBOR bytes in a uint8 tensor on the device (NCCL takes no CPU tensors).
+  template <class T>
+  at::Tensor object_bytes(const T& value) {
+    const std::vector<std::uint8_t> bytes = nlohmann::json::to_cbor(nlohmann::json(value));
+    return at::tensor(at::ArrayRef<std::uint8_t>(bytes), at::kByte).to(core_.device);
+  }
+  template <class T>
+  static T object_from_bytes(const at::Tensor& tensor) {
+    const at::Tensor cpu = tensor.to(at::kCPU).contiguous();
+    const auto* begin = cpu.data_ptr<std::uint8_t>();
+    try {
+      return nlohmann::json::from_cbor(begin, begin + cpu.numel()).template get<T>();
+    } catch (const nlohmann::json::exception& e) {
+      detail::fail("object collective: a rank's value does not read back as the type expected here (",
+                   e.what(), "); every rank must pass the same type");
+    }
   }
 
   at::Tensor broadcast_tensor(const at::Tensor& t, int from) {

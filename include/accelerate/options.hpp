@@ -26,6 +26,15 @@ struct GradScalerOptions {
   std::int64_t growth_interval = 2000;
 };
 
+/// How gather_for_metrics gathers (Accelerate's keyword arguments).
+/// Example:
+///   acc.gather_for_metrics(labels, {.use_gather_object = true});
+struct GatherForMetricsOptions {
+  /// Gather through gather_object (JSON). Values that are not tensors always are; tensors
+  /// cannot be, so true with tensors is an error.
+  bool use_gather_object = false;
+};
+
 /// Run-time options of an Accelerator. The compile-time choices are its policy types.
 /// Example:
 ///   Acc acc{{.seed = 42, .max_norm = 1.0, .project = {.project_dir = "runs/a"}}};
@@ -68,7 +77,9 @@ struct AcceleratorOptions {
   std::size_t bucket_cap_bytes = std::size_t{4} << 20;
   /// Cap of the first bucket (the last layers' gradients), smaller so communication starts early.
   std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
-  /// Broadcast buffers (as well as parameters) from rank 0 at prepare().
+  /// Broadcast rank 0's buffers (BatchNorm statistics) at prepare() and before every forward
+  /// of a prepared model, as PyTorch DDP's option of that name: every rank must then run each
+  /// forward. Off: buffers are broadcast once, at prepare(), and may drift apart.
   bool broadcast_buffers = true;
   /// Tolerate parameters that get no gradient in a backward pass (DDP's option of that name).
   bool find_unused_parameters = false;

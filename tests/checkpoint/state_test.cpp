@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <fstream>
 
 #include "../support/models.hpp"
@@ -259,6 +261,197 @@ TEST(SaveState, BrokenOrForeignCheckpointsAreClearErrors) {
   EXPECT_NE(message.find("truncated or replaced"), std::string::npos) << message;
 }
 
+// --- load_state is all or nothing ------------------------------------------------------------
+
+// A registered object that refuses one value after changing itself (a half-done load): the
+// last object load_state visits.
+struct Picky {
+  std::optional<int64_t> refuse;
+  int64_t value = 0;
+  accelerate::StateDict state_dict() const {
+    accelerate::StateDict s;
+    s.values["value"] = value;
+    return s;
+  }
+  void load_state_dict(const accelerate::StateDict& s) {
+    value = s.value<int64_t>("value");
+    ACCELERATE_CHECK(value != refuse, "Picky refuses this state");
+  }
+};
+
+// Everything a run has that load_state could change, to compare before and after.
+struct Snapshot {
+  torch::Tensor params, momentum, rng;
+  std::size_t scheduler_steps, epoch, consumed, step;
+  int64_t counter;
+  bool operator==(const Snapshot& o) const {
+    return torch::equal(params, o.params) && torch::equal(momentum, o.momentum) && torch::equal(rng, o.rng) &&
+           scheduler_steps == o.scheduler_steps && epoch == o.epoch && consumed == o.consumed && step == o.step &&
+           counter == o.counter;
+  }
+};
+
+// A trained run with every kind of object, saved to `saved`, then trained further.
+struct FullRun {
+  Acc acc{{.cpu = true, .seed = 5}};
+  TinyNet net;
+  torch::optim::SGD sgd{net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)};
+  torch::optim::StepLR lr{sgd, 1, 0.9};
+  Counter counter;
+  Picky picky;
+  decltype(acc.prepare(net, sgd, lr, accelerate::DataLoader(regression_data(64), {.batch_size = 8, .shuffle = true}))) prepared =
+      acc.prepare(net, sgd, lr, accelerate::DataLoader(regression_data(64), {.batch_size = 8, .shuffle = true}));
+  FullRun() {
+    acc.register_for_checkpointing(counter);
+    acc.register_for_checkpointing(picky);
+  }
+  void train(int batches) {
+    auto& [model, opt, sched, loader] = prepared;
+    for (auto& [x, y] : loader) {
+      auto step = acc.accumulate(model);
+      acc.backward(torch::mse_loss(model(x), y));
+      opt.step();
+      sched.step();
+      opt.zero_grad();
+      ++counter.value;
+      if (--batches == 0) break;
+    }
+  }
+  Snapshot snapshot() {
+    auto& [model, opt, sched, loader] = prepared;
+    const auto state = opt.state_dict();
+    torch::Tensor momentum = torch::zeros({1});
+    for (const auto& [key, t] : state.tensors) momentum = torch::cat({momentum, t.flatten()});
+    // The generator's state, read without advancing it.
+    const auto rng = at::detail::getDefaultCPUGenerator().get_state();
+    return {accelerate::testing::flat_parameters(*net), momentum, rng,
+            accelerate::compat::scheduler_step_count(lr), loader.epoch(), loader.batches_consumed(),
+            acc.step(), counter.value};
+  }
+};
+
+// Rewrites the manifest's size and checksum of a file that a test changed on purpose.
+void reseal(const std::filesystem::path& checkpoint, const std::string& file) {
+  auto manifest = ckpt::read_json_file(checkpoint / "accelerate_state.json");
+  manifest["files"][file] = {{"bytes", std::filesystem::file_size(checkpoint / file)},
+                             {"checksum", ckpt::file_checksum(checkpoint / file, "test")}};
+  std::ofstream(checkpoint / "accelerate_state.json") << manifest.dump();
+}
+
+TEST(LoadStateAllOrNothing, AFailureInTheLastObjectUndoesEveryObjectBefore) {
+  TempDir dir;
+  FullRun run;
+  run.train(3);
+  run.acc.save_state(dir / "s");
+  run.train(2);
+  run.picky.value = 7;
+  run.picky.refuse = 0;  // what the checkpoint holds
+  const auto before = run.snapshot();
+  const auto message = error_of([&] { run.acc.load_state(dir / "s"); });
+  EXPECT_NE(message.find("custom_checkpoint_1.json: Picky refuses this state"), std::string::npos) << message;
+  EXPECT_TRUE(run.snapshot() == before) << "a failed load changed the run";
+  EXPECT_EQ(run.picky.value, 7) << "the failing object itself is restored";
+  run.picky.refuse.reset();
+  run.acc.load_state(dir / "s");
+  EXPECT_FALSE(run.snapshot() == before) << "a good load changes it";
+}
+
+TEST(LoadStateAllOrNothing, EveryRefusedCheckpointLeavesEveryObjectAsItWas) {
+  TempDir dir;
+  FullRun saver;
+  saver.train(3);
+  saver.acc.save_state(dir / "s");
+  FullRun run;
+  run.train(5);
+  const auto before = run.snapshot();
+  const auto s = dir / "s";
+  auto refused = [&](const std::string& why, const std::string& expected) {
+    const auto message = error_of([&] { run.acc.load_state(s); });
+    EXPECT_NE(message.find(expected), std::string::npos) << why << ": " << message;
+    EXPECT_TRUE(run.snapshot() == before) << why << ": a failed load changed the run";
+  };
+  auto edit_json = [&](const std::string& file, auto&& change) {
+    auto json = ckpt::read_json_file(s / file);
+    change(json);
+    std::ofstream(s / file) << json.dump();
+    if (file != "accelerate_state.json") reseal(s, file);
+  };
+  const auto pristine = dir / "pristine";
+  std::filesystem::copy(s, pristine, std::filesystem::copy_options::recursive);
+  auto restore = [&] {
+    std::filesystem::remove_all(s);
+    std::filesystem::copy(pristine, s, std::filesystem::copy_options::recursive);
+  };
+
+  // A custom object's JSON with a wrong type (after models, optimizers and schedulers).
+  edit_json("custom_checkpoint_0.json", [](auto& j) { j["value"] = "twelve"; });
+  refused("wrong JSON type", "value 'value' has the wrong type");
+  restore();
+  // An RNG state of the wrong size (a raw c10::Error before).
+  ckpt::save_safetensors(s / "random_states_0.safetensors", {{"cpu", torch::zeros({7}, torch::kByte)}});
+  reseal(s, "random_states_0.safetensors");
+  refused("RNG state size", "random_states_0.safetensors: the state of generator 'cpu'");
+  restore();
+  // A negative epoch and a changed shuffle in the dataloader's state.
+  edit_json("dl_state_dict.json", [](auto& j) { j["epoch"] = -1; });
+  refused("negative epoch", "value 'epoch' is -1, expected a natural number");
+  restore();
+  edit_json("dl_state_dict.json", [](auto& j) { j["shuffle"] = false; });
+  refused("changed shuffle", "saved with shuffle = false, this loader has shuffle = true");
+  restore();
+  // Another batch size.
+  edit_json("dl_state_dict.json", [](auto& j) { j["batch_size"] = 4; });
+  refused("batch size", "in batches of 4, this loader has 64 samples in batches of 8");
+  restore();
+  // A model file swapped in from another checkpoint of the same shapes.
+  {
+    FullRun other;
+    other.train(1);
+    other.acc.save_state(dir / "other");
+  }
+  std::filesystem::copy_file(dir / "other" / "model.safetensors", s / "model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  refused("swapped model file", "model.safetensors has checksum");
+  restore();
+  // Another configuration (the fingerprint), refused unless allowed.
+  edit_json("accelerate_state.json", [](auto& j) { j["configuration"] = "Backend=SingleProcess Precision=Fp16"; });
+  refused("configuration", "was saved by another configuration");
+  EXPECT_NO_THROW(run.acc.load_state(s, {.allow_configuration_change = true}));
+  restore();
+}
+
+TEST(LoadStateAllOrNothing, AnFp32CheckpointIsRefusedByAnFp16Run) {
+  TempDir dir;
+  {
+    accelerate::Accelerator<> fp32{{.cpu = true}};
+    TinyNet net;
+    torch::optim::SGD sgd(net->parameters(), 0.1);
+    auto [model, opt] = fp32.prepare(net, sgd);
+    fp32.save_state(dir / "s");
+  }
+  accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp16> fp16{{.cpu = true}};
+  TinyNet net;
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, opt] = fp16.prepare(net, sgd);
+  const auto before = accelerate::testing::flat_parameters(*net);
+  EXPECT_NE(error_of([&] { fp16.load_state(dir / "s"); }).find("another configuration"), std::string::npos);
+  // Even when the change is allowed, the missing scaler is found before anything changes.
+  EXPECT_NE(error_of([&] { fp16.load_state(dir / "s", {.allow_configuration_change = true}); }).find("scaler"),
+            std::string::npos);
+  EXPECT_TRUE(torch::equal(before, accelerate::testing::flat_parameters(*net)));
+}
+
+TEST(LoadStateAllOrNothing, AFifoInTheFolderIsRefusedAtOnce) {
+  TempDir dir;
+  FullRun run;
+  run.acc.save_state(dir / "s");
+  std::filesystem::remove(dir / "s" / "scheduler.json");
+  ASSERT_EQ(::mkfifo((dir / "s" / "scheduler.json").c_str(), 0600), 0);
+  const auto message = error_of([&] { run.acc.load_state(dir / "s"); });
+  EXPECT_NE(message.find("scheduler.json"), std::string::npos) << message;
+  EXPECT_NE(message.find("not a regular file"), std::string::npos) << message;
+}
+
 TEST(SaveState, ExplicitFolderIsReplacedAtomically) {
   TempDir dir;
   accelerate::Accelerator<> acc{{.cpu = true}};
@@ -294,6 +487,33 @@ TEST(SaveState, Fp16ScalerIsSaved) {
   other.load_state(dir / "s");
   EXPECT_DOUBLE_EQ(other.loss_scale(), 32.0);
   EXPECT_TRUE(std::filesystem::exists(dir / "s" / "scaler.json"));
+}
+
+// A registered object that keeps the tensor load_state handed it and updates it in place
+// later (an EMA): this crashed with SIGSEGV when tensors were views of a read-only mapping.
+struct Ema {
+  at::Tensor average = torch::zeros({4});
+  accelerate::StateDict state_dict() const {
+    accelerate::StateDict s;
+    s.tensors["average"] = average;
+    return s;
+  }
+  void load_state_dict(const accelerate::StateDict& s) { average = s.tensor("average"); }
+};
+
+TEST(SaveState, AnObjectMayKeepAndModifyTheTensorsItLoaded) {
+  TempDir dir;
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  Ema ema;
+  ema.average.fill_(2.0);
+  acc.register_for_checkpointing(ema);
+  acc.save_state(dir / "s");
+  ema.average = torch::zeros({4});
+  acc.load_state(dir / "s");
+  ema.average.mul_(0.5).add_(1.0);
+  EXPECT_TRUE(torch::equal(ema.average, torch::full({4}, 2.0)));
+  acc.load_state(dir / "s");  // the file was not changed by the update
+  EXPECT_TRUE(torch::equal(ema.average, torch::full({4}, 2.0)));
 }
 
 }  // namespace

@@ -131,4 +131,50 @@ TEST(AccumulationTwoRanks, NoSyncCommunicatesOneNthOfTheBytes) {
   EXPECT_EQ(read(accumulated) * 8, read(every));
 }
 
+// accumulate() inside no_sync(): the inner scope restores what it found, so the whole
+// no_sync block communicates nothing, the boundary micro-step included.
+ACCELERATE_WORKER(accumulate_inside_no_sync) {
+  accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::Accumulate<2>> acc{{.timeout = 60s}};
+  TinyNet net;
+  auto [model] = acc.prepare(net);
+  const auto x = torch::randn({4, 8});
+  {
+    auto silent = acc.no_sync(model);
+    for (int i = 0; i < 4; ++i) {
+      auto step = acc.accumulate(model);
+      acc.backward(model(x).sum());
+    }
+  }
+  std::ofstream(job_dir() / ("bytes_rank" + std::to_string(acc.process_index())))
+      << acc.stats().gradient_allreduce.bytes << " " << model.model_sync().sync_enabled();
+  return 0;
+}
+
+TEST(AccumulationTwoRanks, AccumulateInsideNoSyncStaysSilent) {
+  auto job = run_job("accumulate_inside_no_sync", {.world_size = 2});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+  uint64_t bytes = 1;
+  bool enabled_after = false;
+  std::ifstream(job.dir / "bytes_rank0") >> bytes >> enabled_after;
+  EXPECT_EQ(bytes, 0u) << "no gradient was all-reduced inside no_sync";
+  EXPECT_TRUE(enabled_after) << "sync is on again once no_sync ends";
+}
+
+// print() prints once per node: here two "nodes" of one rank each.
+ACCELERATE_WORKER(print_per_node) {
+  accelerate::Accelerator<accelerate::Gloo> acc{{.timeout = 60s}};
+  acc.print("printed by rank", acc.process_index());
+  return 0;
+}
+
+TEST(PrintTwoRanks, PrintsOncePerNode) {
+  auto one_node = run_job("print_per_node", {.world_size = 2});
+  auto two_nodes = run_job("print_per_node", {.world_size = 2, .nodes = 2});
+  ASSERT_EQ(one_node.exit_code, 0) << one_node.logs();
+  ASSERT_EQ(two_nodes.exit_code, 0) << two_nodes.logs();
+  EXPECT_NE(one_node.log(0).find("printed by rank 0"), std::string::npos) << one_node.logs();
+  EXPECT_EQ(one_node.log(1).find("printed by rank"), std::string::npos) << one_node.logs();
+  EXPECT_NE(two_nodes.log(1).find("printed by rank 1"), std::string::npos) << two_nodes.logs();
+}
+
 }  // namespace

@@ -5,7 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <fstream>
+#include <numeric>
 #include <thread>
 
 #include "../support/models.hpp"
@@ -35,6 +42,85 @@ ACCELERATE_WORKER(gather_for_metrics) {
   for (auto& [x, y] : loader) seen.push_back(acc.gather_for_metrics(y));
   if (acc.is_main_process()) save_tensor(job_dir() / "gathered.bin", torch::cat(seen));
   return 0;
+}
+
+// Results concatenated per rank during the loop and gathered after it: nothing is dropped,
+// since no loader is being iterated any more (the last batch's remainder must not stick).
+ACCELERATE_WORKER(gather_for_metrics_after_loop) {
+  Acc acc{{.timeout = 60s}};
+  const int n = dataset_size_from_args();
+  auto ids = torch::arange(n, torch::kFloat).unsqueeze(1);
+  auto [loader] = acc.prepare(accelerate::DataLoader(accelerate::data::TensorDataset(ids, torch::arange(n)),
+                                                     {.batch_size = 2}));
+  std::vector<torch::Tensor> mine;
+  for (auto& [x, y] : loader) mine.push_back(y);
+  const auto gathered = acc.gather_for_metrics(torch::cat(mine));
+  if (acc.is_main_process()) save_tensor(job_dir() / "gathered.bin", gathered);
+  return 0;
+}
+
+TEST(GatherForMetricsAfterLoop, KeepsEveryRowOfEveryRank) {
+  auto job = run_job("gather_for_metrics_after_loop", {.world_size = 2, .args = {"10"}});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+  // Each rank saw 3 batches of 2 (the last round of 4 holds 2 real samples and 2 repeats).
+  EXPECT_EQ(load_tensor(job.dir / "gathered.bin").numel(), 12);
+}
+
+// Object collectives: strings, maps and vectors travel as JSON; gather_for_metrics of a vector
+// of non-tensor values drops the duplicated samples like the tensor path.
+ACCELERATE_WORKER(object_collectives) {
+  Acc acc{{.timeout = 60s}};
+  const int rank = acc.process_index();
+  const auto names = acc.gather_object(std::string("rank ") + std::to_string(rank));
+  const auto config = acc.broadcast_object(std::map<std::string, double>{{"lr", rank == 0 ? 0.5 : -1.0}});
+  const int n = 10;
+  auto ids = torch::arange(n, torch::kFloat).unsqueeze(1);
+  auto [loader] = acc.prepare(accelerate::DataLoader(accelerate::data::TensorDataset(ids, torch::arange(n)),
+                                                     {.batch_size = 2}));
+  std::vector<std::int64_t> seen;
+  for (auto& [x, y] : loader) {
+    std::vector<std::int64_t> labels(y.data_ptr<std::int64_t>(), y.data_ptr<std::int64_t>() + y.numel());
+    const auto all = acc.gather_for_metrics(labels);
+    seen.insert(seen.end(), all.begin(), all.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  std::vector<std::int64_t> expected(n);
+  std::iota(expected.begin(), expected.end(), 0);
+  const bool ok = names == std::vector<std::string>{"rank 0", "rank 1"} && config.at("lr") == 0.5 && seen == expected;
+  if (!ok) std::cerr << "rank " << rank << ": names " << names.size() << " lr " << config.at("lr") << " seen " << seen.size() << std::endl;
+  return ok ? 0 : 3;
+}
+
+TEST(ObjectCollectives, GatherBroadcastAndGatherForMetricsOfValues) {
+  auto job = run_job("object_collectives", {.world_size = 2});
+  EXPECT_EQ(job.exit_code, 0) << job.logs();
+}
+
+// Ranks whose loaders have different batch sizes are named at prepare(), on both ranks,
+// instead of aborting inside Gloo or silently averaging unequal batches later.
+ACCELERATE_WORKER(loaders_differ) {
+  Acc acc{{.timeout = 60s}};
+  const int rank = acc.process_index();
+  const auto batch = static_cast<std::size_t>(4 + 4 * rank);
+  try {
+    auto [loader] = acc.prepare(accelerate::DataLoader(accelerate::testing::regression_data(64), {.batch_size = batch}));
+  } catch (const accelerate::Error& e) {
+    std::cerr << e.what() << std::endl;
+    return 7;
+  }
+  return 0;
+}
+
+TEST(PrepareChecks, LoadersWithDifferentBatchSizesAreNamedOnEveryRank) {
+  auto job = run_job("loaders_differ", {.world_size = 2});
+  EXPECT_EQ(job.exit_code, 7) << job.logs();
+  for (const int rank : {0, 1}) {
+    const auto log = job.log(rank);
+    EXPECT_NE(log.find("prepare: dataloader_0 must have the same batch size"), std::string::npos) << log;
+    EXPECT_NE(log.find("rank 0"), std::string::npos) << log;
+    EXPECT_NE(log.find("rank 1"), std::string::npos) << log;
+    EXPECT_NE(log.find("batch_size"), std::string::npos) << log;
+  }
 }
 
 class GatherForMetrics : public ::testing::TestWithParam<std::pair<int, int>> {};
@@ -130,6 +216,26 @@ TEST(Collectives, WorkOnTensorsAndNestedContainers) {
 ACCELERATE_WORKER(join_only) {
   Acc acc{{.timeout = 3s}};
   return 0;
+}
+
+// The master port is held by a program that accepts connections and never answers: rank 1
+// must give up within its timeout (3 s) plus a small margin, naming the address.
+TEST(Rendezvous, ASilentProgramOnTheMasterPortFailsWithinTheTimeout) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 16), 0);  // the kernel completes connections; nobody answers
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  auto job = run_job("join_only", {.world_size = 2, .ranks = {1}, .env = {{"MASTER_PORT", port}}});
+  ::close(listener);
+  EXPECT_NE(job.exit_code, 0);
+  EXPECT_LT(job.seconds, 3.0 + 6.0) << job.logs();
+  EXPECT_NE(job.log(1).find("127.0.0.1:" + port), std::string::npos) << job.logs();
 }
 
 TEST(Rendezvous, AMissingPeerFailsClearlyWithinTheTimeout) {

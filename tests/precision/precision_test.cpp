@@ -2,10 +2,12 @@
 // scope, and the grad scaler (skip on inf, backoff, growth, accumulation, every rank agrees).
 #include <accelerate/accelerate.hpp>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
 
+#include "../support/errors.hpp"
 #include "../support/models.hpp"
 #include "../support/multiprocess.hpp"
 
@@ -188,6 +190,59 @@ TEST(GradScaler, WithAccumulationActsOnSyncStepsOnly) {
   }
   // 4 optimizer steps with growth every 2 clean steps: doubles after the 2nd and 4th.
   EXPECT_EQ(scales, (std::vector<double>{256, 256, 256, 512, 512, 512, 512, 1024}));
+}
+
+// Manual clipping on every micro-step must equal clipping on boundaries only: off a boundary
+// clip_grad_norm_ and clip_grad_value_ do nothing (they must not unscale partial gradients
+// to which later micro-steps add scaled ones).
+TEST(GradScaler, ManualClippingOffABoundaryDoesNothing) {
+  using Acc = accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp16, accelerate::Accumulate<2>>;
+  auto train = [](bool clip_every_micro_step, bool by_value) {
+    Acc acc{{.cpu = true, .grad_scaler = {.init_scale = 1024.0}}};
+    torch::manual_seed(5);
+    TinyNet net;
+    torch::optim::SGD sgd(net->parameters(), 0.01);
+    auto [model, opt] = acc.prepare(net, sgd);
+    const auto data = regression_data(16);
+    for (int i = 0; i < 6; ++i) {
+      auto step = acc.accumulate(model);
+      acc.backward(torch::mse_loss(model(data.inputs()), data.targets()));
+      if (clip_every_micro_step || acc.sync_gradients()) {
+        if (by_value) {
+          acc.clip_grad_value_(net->parameters(), 1e9);
+        } else {
+          const double norm = acc.clip_grad_norm_(net->parameters(), 1e9);
+          if (!acc.sync_gradients()) {
+            EXPECT_EQ(norm, 0.0) << "off a boundary the norm is not measured";
+          }
+        }
+      }
+      opt.step();
+      opt.zero_grad();
+    }
+    return flat_parameters(*net);
+  };
+  for (const bool by_value : {false, true}) {
+    const auto reference = train(false, by_value);
+    const auto every = train(true, by_value);
+    EXPECT_LE((reference - every).abs().max().item<double>(), 1e-6) << (by_value ? "clip_grad_value_" : "clip_grad_norm_");
+  }
+}
+
+TEST(GradScaler, ASecondUnscaleInOneStepIsAnError) {
+  Fp16 acc{{.cpu = true}};
+  TinyNet net;
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, opt] = acc.prepare(net, sgd);
+  const auto data = regression_data(16);
+  acc.backward(torch::mse_loss(model(data.inputs()), data.targets()));
+  acc.clip_grad_norm_(net->parameters(), 1.0);
+  EXPECT_THAT(accelerate::testing::error_of([&] { acc.clip_grad_value_(net->parameters(), 1.0); }),
+              ::testing::HasSubstr("already unscaled"));
+  opt.step();  // the policy's own unscale is not a second one
+  opt.zero_grad();
+  acc.backward(torch::mse_loss(model(data.inputs()), data.targets()));
+  EXPECT_NO_THROW(acc.clip_grad_norm_(net->parameters(), 1.0)) << "a new step may unscale again";
 }
 
 TEST(GradScaler, StateRoundTrips) {

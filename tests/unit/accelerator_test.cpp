@@ -186,4 +186,28 @@ TEST(Accelerator, CollectivesAreIdentitiesWithOneProcess) {
   { auto first = acc.main_process_first(); }
 }
 
+TEST(Prepare, AnAlreadyPreparedObjectComesBackUnchanged) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  TinyNet net;
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  torch::optim::StepLR lr(sgd, 1, 0.5);
+  auto [model, opt, sched, loader] =
+      acc.prepare(net, sgd, lr, accelerate::DataLoader(regression_data(12), {.batch_size = 4}));
+  const auto registered = acc.checkpoint_entries().size();
+  auto [model2, opt2, sched2, loader2] = acc.prepare(model, opt, sched, loader);
+  static_assert(std::is_same_v<decltype(model2), decltype(model)>);
+  static_assert(std::is_same_v<decltype(opt2), decltype(opt)>);
+  static_assert(std::is_same_v<decltype(sched2), decltype(sched)>);
+  static_assert(std::is_same_v<decltype(loader2), decltype(loader)>, "a prepared loader is not sharded again");
+  EXPECT_EQ(acc.checkpoint_entries().size(), registered) << "nothing is registered twice";
+  EXPECT_EQ(&*model2, &*model);
+  std::size_t batches = 0;
+  for (auto& batch : loader2) {
+    (void)batch;
+    ++batches;
+  }
+  EXPECT_EQ(batches, 3u);
+  EXPECT_EQ(loader.epoch(), 1u) << "the copy shares the original's position";
+}
+
 }  // namespace

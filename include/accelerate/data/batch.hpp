@@ -50,6 +50,32 @@ inline constexpr bool is_nested_v = [] {
   else return false;
 }();
 
+/// Whether every leaf of T is a tensor (or an Example's NoTarget): what the tensor collectives
+/// can communicate. A number or a string inside would come back as this rank's own value.
+template <class T>
+inline constexpr bool tensors_only_v = [] {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<U, at::Tensor>) {
+    return true;
+  } else if constexpr (detail::is_example<U>::value) {
+    if constexpr (std::is_same_v<decltype(U::target), torch::data::example::NoTarget>) {
+      return tensors_only_v<decltype(U::data)>;
+    } else {
+      return tensors_only_v<decltype(U::data)> && tensors_only_v<decltype(U::target)>;
+    }
+  } else if constexpr (detail::is_vector<U>::value || detail::is_array<U>::value) {
+    return tensors_only_v<typename U::value_type>;
+  } else if constexpr (detail::is_tuple_like<U>::value) {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (tensors_only_v<std::tuple_element_t<I, U>> && ...);
+    }(std::make_index_sequence<std::tuple_size_v<U>>{});
+  } else if constexpr (detail::is_string_map<U>::value) {
+    return tensors_only_v<typename U::mapped_type>;
+  } else {
+    return false;
+  }
+}();
+
 /// Returns a copy of `value` in which every tensor `t` became `fn(t)`. The structure (and
 /// torch::data::NoTarget targets) is preserved.
 /// Example:

@@ -1,6 +1,6 @@
 // PreparedDataLoader: yields this rank's shard of batches, already on the accelerator's device,
-// remembers its position (epoch, batches consumed) for exact resume, and tells the
-// accelerator when the last batch of an epoch is being processed.
+// remembers its position (epoch, batches consumed) for exact resume, and registers each
+// iteration with the accelerator's GradientState while it runs.
 #pragma once
 
 #include <cstddef>
@@ -19,18 +19,12 @@
 #include <accelerate/data/batch.hpp>
 #include <accelerate/data/shard_sampler.hpp>
 #include <accelerate/detail/check.hpp>
+#include <accelerate/gradient_state.hpp>
 #include <accelerate/prepared/preparable.hpp>
 
 namespace accelerate {
 
 namespace detail {
-
-/// What the accelerator learns from each batch a prepared dataloader yields.
-struct BatchPosition {
-  bool at_last_batch = false;     // this is the epoch's last batch for this rank
-  std::size_t remaining = 0;      // batches left in the epoch including this one; 0 = unknown
-  std::size_t remainder = 0;      // real samples in the last global round (0: no padding)
-};
 
 /// One batch of a map-style dataset: its get_batch(indices) when it has one, else its
 /// get(index) samples stacked by data::collate.
@@ -76,7 +70,12 @@ class DatasetSource {
   batch_type next() { return fetch_batch(*dataset_, sampler_.batch(order_, next_++)); }
   std::size_t size() const noexcept { return sampler_.batches_per_rank(); }
   std::size_t remaining() const noexcept { return size() - next_; }
-  std::size_t remainder() const noexcept { return sampler_.remainder(); }
+  /// Accelerate's remainder: real samples of the last global batch (0 with drop_last).
+  std::int64_t remainder() const noexcept {
+    const auto& spec = sampler_.spec();
+    if (spec.drop_last) return 0;
+    return static_cast<std::int64_t>(spec.dataset_size % (spec.batch_size * spec.world_size));
+  }
   const data::ShardSampler& sampler() const noexcept { return sampler_; }
   void set_seed(std::uint64_t seed) noexcept { sampler_.set_seed(seed); }
   Dataset& dataset() const noexcept { return *dataset_; }
@@ -125,7 +124,7 @@ class RangeSource {
     if constexpr (sized) return size() - taken_;
     else return 0;  // unknown
   }
-  static constexpr std::size_t remainder() noexcept { return 0; }
+  static constexpr std::int64_t remainder() noexcept { return -1; }  // unknown
 
  private:
   void read_ahead() {
@@ -167,16 +166,16 @@ class PreparedDataLoader {
     std::size_t consumed = 0;   // batches yielded in the current epoch
     std::size_t skip_next = 0;  // batches to skip when the next epoch starts (resume)
 
-    std::optional<typename Source::batch_type> fetch() {
+    std::optional<typename Source::batch_type> fetch(GradientState::Activation& activation) {
       if (!source.has_next()) {
         ++epoch;
         consumed = 0;
+        activation.release();  // the loop is over: later code is outside this loader
         return std::nullopt;
       }
       auto batch = data::to_device(source.next(), acc->device(), /*non_blocking=*/true);
       ++consumed;
-      acc->note_batch(detail::BatchPosition{!source.has_next(), source.remaining() + 1,
-                                            source.remainder()});
+      activation.update({!source.has_next(), source.remaining() + 1, source.remainder()});
       return batch;
     }
   };
@@ -194,12 +193,14 @@ class PreparedDataLoader {
     using iterator_category = std::input_iterator_tag;
 
     iterator() = default;
-    explicit iterator(Shared* shared) : shared_(shared), current_(shared->fetch()) {}
+    iterator(Shared* shared, GradientState& state)
+        : shared_(shared), activation_(std::make_shared<GradientState::Activation>(state)),
+          current_(shared->fetch(*activation_)) {}
 
     batch_type& operator*() const { return *current_; }
     batch_type* operator->() const { return &*current_; }
     iterator& operator++() {
-      current_ = shared_->fetch();
+      current_ = shared_->fetch(*activation_);
       return *this;
     }
     void operator++(int) { ++*this; }
@@ -209,6 +210,9 @@ class PreparedDataLoader {
 
    private:
     Shared* shared_ = nullptr;
+    // Shared by copies of the iterator; the last one destroyed ends the registration (a
+    // `break` out of the loop).
+    std::shared_ptr<GradientState::Activation> activation_;
     mutable std::optional<batch_type> current_;
   };
 
@@ -221,7 +225,7 @@ class PreparedDataLoader {
     s.source.start(s.epoch, s.skip_next);
     s.consumed = s.skip_next;
     s.skip_next = 0;
-    return iterator(&s);
+    return iterator(&s, s.acc->gradient_state());
   }
   std::default_sentinel_t end() const noexcept { return {}; }
 
@@ -260,15 +264,22 @@ class PreparedDataLoader {
       s.values["seed"] = spec.seed;
       s.values["dataset_size"] = spec.dataset_size;
       s.values["batch_size"] = spec.batch_size;
+      s.values["shuffle"] = spec.shuffle;
+      s.values["drop_last"] = spec.drop_last;
+      s.values["even_batches"] = spec.even_batches;
     }
     return s;
   }
 
   /// Restores the position; the next begin() resumes after the last consumed batch. A state
-  /// taken with another world size, dataset size or batch size is an error naming both values.
+  /// taken with another world size, dataset size, batch size, shuffle, drop_last or
+  /// even_batches (the batch order would differ) is an error naming both values; nothing
+  /// changes before every value is checked.
   void load_state_dict(const StateDict& s) {
     auto& sh = *shared_;
     const auto world = s.value<std::size_t>("world_size");
+    const auto epoch = s.value<std::size_t>("epoch");
+    const auto consumed = s.value<std::size_t>("batches_consumed");
     ACCELERATE_CHECK(world == static_cast<std::size_t>(sh.acc->num_processes()),
                      "dataloader state: saved with ", world, " processes, this run has ",
                      sh.acc->num_processes(), " (batch order and shards would differ)");
@@ -280,10 +291,21 @@ class PreparedDataLoader {
                        "dataloader state: saved for a dataset of ", dataset_size,
                        " samples in batches of ", batch_size, ", this loader has ",
                        spec.dataset_size, " samples in batches of ", spec.batch_size);
+      // States written before these were recorded lack them.
+      for (const auto& [key, here] : {std::pair{"shuffle", spec.shuffle}, std::pair{"drop_last", spec.drop_last},
+                                      std::pair{"even_batches", spec.even_batches}}) {
+        if (!s.values.contains(key)) continue;
+        const bool saved = s.value<bool>(key);
+        ACCELERATE_CHECK(saved == here, "dataloader state: saved with ", key, " = ", saved ? "true" : "false",
+                         ", this loader has ", key, " = ", here ? "true" : "false",
+                         " (the batch order would differ)");
+      }
+      ACCELERATE_CHECK(consumed <= sh.source.size(), "dataloader state: ", consumed,
+                       " batches consumed, but an epoch of this loader has ", sh.source.size());
       sh.source.set_seed(s.value<std::uint64_t>("seed"));
     }
-    sh.epoch = s.value<std::size_t>("epoch");
-    sh.consumed = s.value<std::size_t>("batches_consumed");
+    sh.epoch = epoch;
+    sh.consumed = consumed;
     sh.skip_next = sh.consumed;
   }
 

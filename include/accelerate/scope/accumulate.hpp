@@ -1,5 +1,6 @@
 // The scopes returned by Accelerator::accumulate() and no_sync(): empty types when there is
-// nothing to skip, otherwise RAII switches of the models' gradient synchronisation.
+// nothing to skip, otherwise RAII switches of the models' gradient synchronisation. Every scope
+// is [[nodiscard]]: `acc.accumulate(model);` as a statement would end the scope at once.
 #pragma once
 
 #include <array>
@@ -11,23 +12,25 @@ namespace accelerate {
 /// Example:
 ///   auto step = acc.accumulate(model);
 ///   static_assert(decltype(step)::sync_gradients());
-struct [[maybe_unused]] AlwaysSyncScope {
+struct [[nodiscard, maybe_unused]] AlwaysSyncScope {
   static constexpr bool sync_gradients() noexcept { return true; }
 };
 
 /// accumulate() with accumulation: whether this micro-step is a boundary, and (distributed) the
-/// models whose gradient sync was switched off for it, switched back on when the scope ends.
+/// models whose gradient sync was switched off for it, restored to what it was when the scope
+/// ends (an accumulate() inside no_sync() stays silent).
 template <class ModelSync, std::size_t N>
-class [[maybe_unused]] AccumulateScope {
+class [[nodiscard, maybe_unused]] AccumulateScope {
  public:
   AccumulateScope(bool sync_gradients, std::array<ModelSync*, N> models) noexcept
       : sync_gradients_(sync_gradients), models_(models) {
-    if (!sync_gradients_)
-      for (auto* m : models_) m->set_sync(false);
+    for (std::size_t i = 0; i < N; ++i) {
+      previous_[i] = models_[i]->sync_enabled();
+      if (!sync_gradients_) models_[i]->set_sync(false);
+    }
   }
   ~AccumulateScope() {
-    if (!sync_gradients_)
-      for (auto* m : models_) m->set_sync(true);
+    for (std::size_t i = 0; i < N; ++i) models_[i]->set_sync(previous_[i]);
   }
   AccumulateScope(const AccumulateScope&) = delete;
   AccumulateScope& operator=(const AccumulateScope&) = delete;
@@ -38,11 +41,12 @@ class [[maybe_unused]] AccumulateScope {
  private:
   bool sync_gradients_;
   std::array<ModelSync*, N> models_;
+  std::array<bool, N> previous_{};
 };
 
 /// The same, when there is nothing to switch (one process): only the boundary flag.
 template <class ModelSync>
-class [[maybe_unused]] AccumulateScope<ModelSync, 0> {
+class [[nodiscard, maybe_unused]] AccumulateScope<ModelSync, 0> {
  public:
   AccumulateScope(bool sync_gradients, std::array<ModelSync*, 0>) noexcept
       : sync_gradients_(sync_gradients) {}
@@ -59,7 +63,7 @@ class [[maybe_unused]] AccumulateScope<ModelSync, 0> {
 /// no_sync(): gradients of the given models are not communicated until the scope ends (they
 /// accumulate locally, as DDP's no_sync). Empty with one process.
 template <class ModelSync, std::size_t N>
-class [[maybe_unused]] NoSyncScope {
+class [[nodiscard, maybe_unused]] NoSyncScope {
  public:
   explicit NoSyncScope(std::array<ModelSync*, N> models) noexcept : models_(models) {
     for (std::size_t i = 0; i < N; ++i) {
@@ -79,7 +83,7 @@ class [[maybe_unused]] NoSyncScope {
 };
 
 template <class ModelSync>
-class [[maybe_unused]] NoSyncScope<ModelSync, 0> {
+class [[nodiscard, maybe_unused]] NoSyncScope<ModelSync, 0> {
  public:
   explicit constexpr NoSyncScope(std::array<ModelSync*, 0>) noexcept {}
   // User-provided (and empty), so that an unused scope variable draws no warning.

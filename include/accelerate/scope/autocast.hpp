@@ -16,7 +16,7 @@ namespace accelerate {
 /// Example:
 ///   { auto scope = acc.autocast();  auto loss = complex_loss(out, y); }
 template <PrecisionPolicy P, bool Enabled = P::autocast>
-class [[maybe_unused]] AutocastScope {
+class [[nodiscard, maybe_unused]] AutocastScope {
  public:
   explicit AutocastScope(c10::DeviceType device_type)
       : device_type_(device_type),
@@ -44,7 +44,7 @@ class [[maybe_unused]] AutocastScope {
 
 /// Under a policy without autocast (Fp32) the scope is empty and does nothing.
 template <PrecisionPolicy P>
-class [[maybe_unused]] AutocastScope<P, false> {
+class [[nodiscard, maybe_unused]] AutocastScope<P, false> {
  public:
   explicit constexpr AutocastScope(c10::DeviceType) noexcept {}
   // User-provided (and empty), so that an unused scope variable draws no warning.
