@@ -88,17 +88,24 @@ TEST(Launch, ACrashedRankIsReportedWithItsSignal) {
   EXPECT_NE(r.output.find("killed by signal 9"), std::string::npos) << r.output;
 }
 
-TEST(Launch, ForwardsSigtermToEveryRank) {
-  TempDir dir;
+// Starts launch_probe --nproc 2 with ranks that sleep for a minute; returns the launcher's
+// pid once both ranks have written theirs.
+pid_t start_sleeping_launcher(const TempDir& dir) {
   const pid_t launcher = ::fork();
   if (launcher == 0) {
     ::execl(ACCELERATE_LAUNCH_PROBE, ACCELERATE_LAUNCH_PROBE, "--nproc", "2", "--sleep", "60", "--pid-dir",
             dir.path().c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  for (int i = 0; i < 100 && !std::filesystem::exists(dir / "rank1.pid"); ++i)
+  for (int i = 0; i < 200 && !(std::filesystem::exists(dir / "rank0.pid") && std::filesystem::exists(dir / "rank1.pid")); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the pid files are complete
+  return launcher;
+}
+
+TEST(Launch, ForwardsSigtermToEveryRank) {
+  TempDir dir;
+  const pid_t launcher = start_sleeping_launcher(dir);
   const auto ranks = pids(dir, 2);
   ::kill(launcher, SIGTERM);
   int status = 0;
@@ -118,15 +125,7 @@ bool running(pid_t pid) {
 // A launcher killed with SIGKILL (nothing it can forward) takes its ranks with it.
 TEST(Launch, RanksDieWithTheirLauncher) {
   TempDir dir;
-  const pid_t launcher = ::fork();
-  if (launcher == 0) {
-    ::execl(ACCELERATE_LAUNCH_PROBE, ACCELERATE_LAUNCH_PROBE, "--nproc", "2", "--sleep", "60", "--pid-dir",
-            dir.path().c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  for (int i = 0; i < 200 && !(std::filesystem::exists(dir / "rank0.pid") && std::filesystem::exists(dir / "rank1.pid")); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const pid_t launcher = start_sleeping_launcher(dir);
   const auto ranks = pids(dir, 2);
   ASSERT_TRUE(running(ranks[0]) && running(ranks[1]));
   ::kill(launcher, SIGKILL);
@@ -140,6 +139,26 @@ TEST(Launch, RanksDieWithTheirLauncher) {
     EXPECT_FALSE(running(pid)) << "rank pid " << pid << " outlived its launcher by 2 s";
     if (running(pid)) ::kill(pid, SIGKILL);
   }
+}
+
+// An exception escaping the rank's function (here an accelerate::Error, as a rendezvous
+// error is) is printed and returned as exit code 1; it ended examples/minimal with SIGABRT.
+TEST(Launch, AnExceptionInTheRankIsPrintedAndExitsOne) {
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "1", 1);
+  ::setenv("LOCAL_RANK", "0", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", "1", 1);
+  char name[] = "probe";
+  char* argv[] = {name, nullptr};
+  ::testing::internal::CaptureStderr();
+  const int code = accelerate::launch(1, argv, [](int, char**) -> int {
+    throw accelerate::Error("rendezvous: rank 1 could not reach rank 0's store");
+  });
+  const std::string printed = ::testing::internal::GetCapturedStderr();
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(name);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(printed.find("could not reach rank 0's store"), std::string::npos) << printed;
 }
 
 TEST(Launch, JoinsWhenAlreadyUnderALauncher) {

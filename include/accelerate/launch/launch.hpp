@@ -24,7 +24,9 @@ namespace accelerate {
 ///   - multi-node: run it on every node with --nnodes, --node-rank, --master-addr, --master-port;
 ///   - otherwise fn runs once as a single process.
 /// The launcher's flags are removed from argv before fn sees it. Ranks get OMP_NUM_THREADS =
-/// cores / nproc unless it is set, so they do not oversubscribe the CPU.
+/// cores / nproc unless it is set, so they do not oversubscribe the CPU. An exception escaping
+/// fn (a rendezvous error, say) is printed and makes the exit code 1, rather than ending the
+/// process with SIGABRT.
 /// Example:
 ///   int main(int argc, char** argv) {
 ///     return accelerate::launch(argc, argv, [](int argc, char** argv) { return train(argc, argv); });
@@ -41,11 +43,19 @@ int launch(int argc, char** argv, Fn&& fn) {
     return 2;
   }
   const int world = options.nproc * options.nnodes;
+  auto run = [&]() -> int {
+    try {
+      return std::forward<Fn>(fn)(argc, argv);
+    } catch (const std::exception& e) {
+      std::cerr << "accelerate: " << e.what() << std::endl;
+      return 1;
+    }
+  };
   if (env.launched()) {
     launch_detail::follow_supervisor();  // a rank of our own launcher dies with it
-    return std::forward<Fn>(fn)(argc, argv);
+    return run();
   }
-  if (world == 1) return std::forward<Fn>(fn)(argc, argv);
+  if (world == 1) return run();
 
   try {
     const int port = options.master_port ? *options.master_port : launch_detail::free_port();

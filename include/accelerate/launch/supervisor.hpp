@@ -75,6 +75,8 @@ inline void follow_supervisor() {
   const char* text = std::getenv(supervisor_pid_variable);
   if (!text) return;
   const auto supervisor = static_cast<pid_t>(std::strtol(text, nullptr, 10));
+  // Consumed: a program this rank starts is not the supervisor's child and must not compare.
+  ::unsetenv(supervisor_pid_variable);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != supervisor) ::raise(SIGKILL);
 }
