@@ -216,10 +216,16 @@ inline std::vector<std::filesystem::path> write_model_files(const torch::nn::Mod
   }
 }
 
-/// Reads a model.safetensors.index.json: tensor names grouped by shard file. Malformed JSON, a
-/// missing weight_map, a non-string entry or a shard outside the index's folder are errors
-/// naming the file.
-inline std::map<std::string, std::vector<std::string>> read_model_index(const std::filesystem::path& index) {
+/// A model.safetensors.index.json as read: tensor names grouped by shard file, and the save id
+/// save_model records ("" for other writers' indexes).
+struct ModelIndex {
+  std::map<std::string, std::vector<std::string>> by_file;
+  std::string save_id;
+};
+
+/// Reads a model.safetensors.index.json. Malformed JSON, a missing weight_map, a non-string
+/// entry or a shard outside the index's folder are errors naming the file.
+inline ModelIndex read_model_index(const std::filesystem::path& index) {
   nlohmann::json json;
   const std::string text = read_regular_file(index, "load_checkpoint_in_model");
   try {
@@ -229,7 +235,7 @@ inline std::map<std::string, std::vector<std::string>> read_model_index(const st
   }
   ACCELERATE_CHECK(json.is_object() && json.contains("weight_map") && json["weight_map"].is_object(),
                    "load_checkpoint_in_model: ", index.string(), " has no weight_map object");
-  std::map<std::string, std::vector<std::string>> by_file;
+  ModelIndex out;
   for (const auto& [name, file] : json["weight_map"].items()) {
     ACCELERATE_CHECK(file.is_string(), "load_checkpoint_in_model: ", index.string(), ": weight_map['", name,
                      "'] is not a file name");
@@ -237,22 +243,13 @@ inline std::map<std::string, std::vector<std::string>> read_model_index(const st
     ACCELERATE_CHECK(!shard.empty() && shard.find('/') == std::string::npos && shard != ".." && shard != ".",
                      "load_checkpoint_in_model: ", index.string(), ": shard name '", shard,
                      "' must be a file in the same folder");
-    by_file[shard].push_back(name);
+    out.by_file[shard].push_back(name);
   }
-  return by_file;
-}
-
-/// The save id an index written by save_model records ("" for other writers' indexes).
-inline std::string read_model_index_save_id(const std::filesystem::path& index) {
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(read_regular_file(index, "load_checkpoint_in_model"));
-  } catch (const nlohmann::json::exception& e) {
-    accelerate::detail::fail("load_checkpoint_in_model: ", index.string(), " is not valid JSON (", e.what(), ")");
+  if (json.contains("metadata") && json["metadata"].is_object()) {
+    const auto& meta = json["metadata"];
+    if (meta.contains(save_id_key) && meta[save_id_key].is_string()) out.save_id = meta[save_id_key].get<std::string>();
   }
-  if (!json.is_object() || !json.contains("metadata") || !json["metadata"].is_object()) return "";
-  const auto& meta = json["metadata"];
-  return meta.contains(save_id_key) && meta[save_id_key].is_string() ? meta[save_id_key].get<std::string>() : "";
+  return out;
 }
 
 /// Reads model weights from `path` into `module` (moved to `device` first when given):
@@ -288,8 +285,9 @@ inline LoadReport load_checkpoint_in_model(torch::nn::Module& module, const std:
 
   std::vector<SafetensorsFile> files;
   if (!index.empty()) {
-    const std::string save_id = read_model_index_save_id(index);
-    for (const auto& [shard, names] : read_model_index(index)) {
+    const ModelIndex model_index = read_model_index(index);
+    const std::string& save_id = model_index.save_id;
+    for (const auto& [shard, names] : model_index.by_file) {
       const auto shard_path = index.parent_path() / shard;
       ACCELERATE_CHECK(path_exists(shard_path, "load_checkpoint_in_model"), "load_checkpoint_in_model: ", index.string(), " names shard ",
                        shard, " (for ", names.front(), (names.size() > 1 ? " and others" : ""),
