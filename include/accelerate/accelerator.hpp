@@ -39,6 +39,7 @@
 #include <accelerate/detail/local_engine.hpp>
 #include <accelerate/detail/malloc_tuning.hpp>
 #include <accelerate/detail/type_name.hpp>
+#include <accelerate/distributed/layout_check.hpp>
 #include <accelerate/distributed/reduction.hpp>
 #include <accelerate/distributed/stats.hpp>
 #include <accelerate/gradient_state.hpp>
@@ -588,6 +589,7 @@ class Accelerator {
     if constexpr (!distributed) return data;
     else
       return data::map_tensors(data, [&](const at::Tensor& t) {
+        agree_on_layout(distributed::CollectiveKind::reduce, static_cast<int64_t>(reduction), t);
         at::Tensor out = t.clone();
         engine_.all_reduce(out, reduction);
         return out;
@@ -615,12 +617,14 @@ class Accelerator {
     if constexpr (!distributed) return data;
     else
       return data::map_tensors(data, [&](const at::Tensor& t) {
+        // Layouts first, so that a rank whose tensor has another rank fails with its peers
+        // instead of leaving them waiting.
         const int64_t d = dim < 0 ? dim + t.dim() : dim;
+        const auto layouts = agree_on_layout(distributed::CollectiveKind::pad, dim, t, d);
         ACCELERATE_CHECK(d >= 0 && d < t.dim(), "pad_across_processes: dim ", dim,
                          " is out of range for a tensor of shape ", t.sizes());
-        at::Tensor size = at::tensor({t.size(d)}, at::kLong).to(core_.device);
-        engine_.all_reduce(size, Reduction::max);
-        const int64_t target = size.item<int64_t>();
+        int64_t target = 0;
+        for (const auto& layout : layouts) target = std::max(target, layout.shape[static_cast<std::size_t>(d)]);
         if (target == t.size(d)) return t;
         std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
         shape[static_cast<std::size_t>(d)] = target;
@@ -1097,12 +1101,10 @@ class Accelerator {
   /// Every rank's tensor (rows may differ), in rank order.
   std::vector<at::Tensor> gather_parts(const at::Tensor& t) {
     const at::Tensor local = t.dim() == 0 ? t.reshape({1}) : t.contiguous();
-    at::Tensor rows = at::tensor({local.size(0)}, at::kLong).to(local.device());
-    std::vector<at::Tensor> all_rows = engine_.all_gather(rows);
     int64_t max_rows = 0;
     std::vector<int64_t> counts;
-    for (const auto& r : all_rows) {
-      counts.push_back(r.item<int64_t>());
+    for (const auto& layout : agree_on_layout(distributed::CollectiveKind::gather, 0, local, 0)) {
+      counts.push_back(layout.shape[0]);
       max_rows = std::max(max_rows, counts.back());
     }
     at::Tensor padded = local;
@@ -1117,6 +1119,17 @@ class Accelerator {
     return parts;
   }
   at::Tensor gather_tensor(const at::Tensor& t) { return at::cat(gather_parts(t)); }
+
+  /// Every rank's layout of the tensor it passes to collective `kind`, after checking that they
+  /// agree (all but `free_dim`): a mismatch is an error on every rank, before any payload moves.
+  std::vector<distributed::TensorLayout> agree_on_layout(distributed::CollectiveKind kind, int64_t argument,
+                                                         const at::Tensor& t, int64_t free_dim = -1) {
+    const at::Tensor mine = distributed::encode_layout(kind, argument, t).to(core_.device);
+    std::vector<distributed::TensorLayout> layouts;
+    for (const auto& part : engine_.all_gather(mine)) layouts.push_back(distributed::decode_layout(part));
+    distributed::check_layouts(layouts, free_dim);
+    return layouts;
+  }
 
   /// A value as CBOR bytes in a uint8 tensor on the device (NCCL takes no CPU tensors).
   template <class T>
@@ -1137,24 +1150,15 @@ class Accelerator {
   }
 
   at::Tensor broadcast_tensor(const at::Tensor& t, int from) {
-    // Shape and dtype travel first, so receivers need not know them.
+    // Every rank's layout travels first: receivers learn the sender's shape and dtype, and all
+    // ranks agree on the root before any payload moves.
+    ACCELERATE_CHECK(from >= 0 && from < num_processes(), "broadcast: from = ", from,
+                     " is not a rank of this job (", num_processes(), " processes)");
     const bool sender = process_index() == from;
-    at::Tensor meta = at::zeros({10}, at::kLong);
-    if (sender) {
-      ACCELERATE_CHECK(t.dim() <= 8, "broadcast: tensors of more than 8 dimensions are not supported");
-      meta[0] = t.dim();
-      meta[1] = static_cast<int64_t>(t.scalar_type());
-      for (int64_t d = 0; d < t.dim(); ++d) meta[d + 2] = t.size(d);
-    }
-    meta = meta.to(core_.device);
-    engine_.broadcast(meta, from);
-    meta = meta.cpu();
-    const auto dims = meta[0].item<int64_t>();
-    std::vector<int64_t> shape;
-    for (int64_t d = 0; d < dims; ++d) shape.push_back(meta[d + 2].item<int64_t>());
-    const auto dtype = static_cast<at::ScalarType>(meta[1].item<int64_t>());
+    const auto layouts = agree_on_layout(distributed::CollectiveKind::broadcast, from, t);
+    const auto& sent = layouts[static_cast<std::size_t>(from)];
     at::Tensor out = sender ? t.contiguous().clone()
-                            : at::empty(shape, at::TensorOptions().dtype(dtype).device(core_.device));
+                            : at::empty(sent.shape, at::TensorOptions().dtype(sent.dtype).device(core_.device));
     engine_.broadcast(out, from);
     return out;
   }

@@ -86,6 +86,13 @@ struct AcceleratorOptions {
   /// Pad the last batches by wrapping so every rank gets as many full batches (Accelerate's
   /// even_batches).
   bool even_batches = true;
+  /// Check every collective across ranks before it runs (Accelerate's debug mode; also turned
+  /// on by ACCELERATE_DEBUG_MODE=1): ranks that call different collectives, or one with
+  /// different sizes — a rank in backward while another reduces a metric — get an
+  /// accelerate::Error naming both, never a Gloo abort. Costs one small
+  /// all-gather per collective. User-facing collectives (gather, reduce, broadcast,
+  /// pad_across_processes) always check their tensors, this on or off.
+  bool verify_collectives = false;
 
   // --- checkpoints ---
   ProjectConfiguration project{};

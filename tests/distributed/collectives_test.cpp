@@ -213,6 +213,99 @@ TEST(Collectives, WorkOnTensorsAndNestedContainers) {
   }
 }
 
+// Ranks that pass mismatched tensors to a collective: each case is an accelerate::Error on
+// every rank naming both ranks and what they passed (never a Gloo abort or a hang), and the
+// group still works afterwards.
+ACCELERATE_WORKER(mismatched_collectives) {
+  Acc acc{{.timeout = 30s}};
+  const int rank = acc.process_index();
+  int failures = 0;
+  auto expect_error = [&](const std::string& name, auto&& call, std::vector<std::string> expected) {
+    std::string message = "no error";
+    try {
+      call();
+    } catch (const accelerate::Error& e) {
+      message = e.what();
+    }
+    expected.push_back("rank 0 passes");
+    expected.push_back("rank 1 passes");
+    for (const auto& part : expected) {
+      if (message.find(part) == std::string::npos) {
+        std::cerr << "rank " << rank << ", " << name << ": expected \"" << part << "\" in: " << message << std::endl;
+        ++failures;
+      }
+    }
+    // The group is intact: a matching collective right after still works.
+    const auto sum = acc.reduce(torch::tensor({1.0}));
+    if (sum.item<double>() != acc.num_processes()) {
+      std::cerr << "rank " << rank << ", " << name << ": the reduce after it gave " << sum.item<double>() << std::endl;
+      ++failures;
+    }
+  };
+  expect_error("gather", [&] { acc.gather(torch::zeros({2, 3 + rank})); },
+               {"gather: ranks disagree", "only dim 0 may differ", "Float[2, 3]", "Float[2, 4]"});
+  expect_error("reduce shape", [&] { acc.reduce(torch::zeros({3 + rank})); }, {"shapes must be equal", "[3]", "[4]"});
+  expect_error("reduce dtype", [&] { acc.reduce(torch::zeros({3}, rank ? torch::kDouble : torch::kFloat)); },
+               {"a different dtype", "Double[3]"});
+  expect_error("reduction", [&] {
+    acc.reduce(torch::zeros({3}), rank ? accelerate::Reduction::max : accelerate::Reduction::sum);
+  }, {"a different reduction"});
+  expect_error("pad", [&] { acc.pad_across_processes(rank ? torch::zeros({2, 2}) : torch::zeros({2})); },
+               {"pad_across_processes", "a different number of dimensions"});
+  expect_error("broadcast root", [&] { acc.broadcast(torch::zeros({2}), rank); }, {"a different root"});
+  expect_error("different collectives", [&] {
+    if (rank == 0) acc.reduce(torch::zeros({2}));
+    else acc.gather(torch::zeros({2}));
+  }, {"a different collective", "reduce of", "gather of"});
+  // Only dim 0 of a gather and the padded dim may differ: these succeed.
+  if (acc.gather(torch::zeros({1 + rank, 2})).size(0) != 3) ++failures;
+  if (acc.pad_across_processes(torch::zeros({2, 1 + rank}), 1).size(1) != 2) ++failures;
+  return failures == 0 ? 0 : 3;
+}
+
+TEST(Collectives, MismatchedTensorsAreAnErrorOnEveryRankNamingBoth) {
+  auto job = run_job("mismatched_collectives", {.world_size = 2});
+  EXPECT_EQ(job.exit_code, 0) << job.logs();
+}
+
+// With verify_collectives, a program whose ranks make different collectives — rank 0 in a
+// backward (gradient buckets) while rank 1 reduces a metric — fails on both ranks naming both
+// collectives, after a few verified steps that train as usual.
+ACCELERATE_WORKER(unmatched_collectives_verified) {
+  Acc acc{{.timeout = 30s, .verify_collectives = true}};
+  const int rank = acc.process_index();
+  accelerate::testing::TinyNet net;
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, opt] = acc.prepare(net, sgd);
+  const auto data = accelerate::testing::regression_data(8);
+  for (int i = 0; i < 3; ++i) {
+    acc.backward(torch::mse_loss(model(data.inputs()), data.targets()));
+    opt.step();
+    opt.zero_grad();
+  }
+  if (acc.reduce(torch::tensor({1.0})).item<double>() != 2.0) return 2;
+  try {
+    if (rank == 0) acc.backward(torch::mse_loss(model(data.inputs()), data.targets()));
+    else acc.reduce(torch::tensor({1.0}));
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << std::endl;
+    return 7;
+  }
+  return 0;
+}
+
+TEST(VerifyCollectives, RanksInDifferentCollectivesFailNamingBoth) {
+  auto job = run_job("unmatched_collectives_verified", {.world_size = 2});
+  EXPECT_EQ(job.exit_code, 7) << job.logs();
+  for (const int rank : {0, 1}) {
+    const auto log = job.log(rank);
+    EXPECT_NE(log.find("collective mismatch (AcceleratorOptions::verify_collectives): rank 0 calls all_reduce of "),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("but rank 1 calls all_gather of 16 Long elements"), std::string::npos) << log;
+  }
+}
+
 ACCELERATE_WORKER(join_only) {
   Acc acc{{.timeout = 3s}};
   return 0;

@@ -2,6 +2,7 @@
 // counted in CommStats. Errors say which collective failed on which rank.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -34,6 +35,8 @@ class Communicator {
 
   /// In-place all-reduce. Gloo has no AVG, so mean is a sum divided by the world size.
   void all_reduce(at::Tensor& tensor, Reduction reduction) {
+    const Reduction sent = reduction == Reduction::mean ? Reduction::sum : reduction;
+    agree(CollectiveOp::all_reduce, &tensor, static_cast<std::int64_t>(sent));
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions options;
     options.reduceOp = reduction == Reduction::max   ? c10d::ReduceOp::MAX
@@ -49,6 +52,7 @@ class Communicator {
 
   /// Starts a sum all-reduce of `tensor` and returns its work handle (for gradient buckets).
   compat::WorkPtr all_reduce_async(at::Tensor& tensor) {
+    agree(CollectiveOp::all_reduce, &tensor, static_cast<std::int64_t>(Reduction::sum));
     std::vector<at::Tensor> tensors{tensor};
     auto work = backend_->allreduce(tensors);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -59,6 +63,7 @@ class Communicator {
 
   /// In-place broadcast from `root`.
   void broadcast(at::Tensor& tensor, int root) {
+    agree(CollectiveOp::broadcast, &tensor, root);
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions options;
     options.rootRank = root;
@@ -69,6 +74,7 @@ class Communicator {
   /// Every rank's copy of `tensor` (same shape everywhere), in rank order.
   std::vector<at::Tensor> all_gather(const at::Tensor& tensor) {
     at::Tensor input = tensor.contiguous();
+    agree(CollectiveOp::all_gather, &input, 0);
     std::vector<at::Tensor> inputs{input};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int r = 0; r < world_size_; ++r) outputs[0].push_back(at::empty_like(input));
@@ -78,6 +84,7 @@ class Communicator {
   }
 
   void barrier() {
+    agree(CollectiveOp::barrier, nullptr, 0);
     wait(backend_->barrier(), "barrier");
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.barrier.add(0);
@@ -95,6 +102,18 @@ class Communicator {
     }
   }
 
+  /// Turns on collective verification (AcceleratorOptions::verify_collectives): before each
+  /// collective, every rank all-gathers a 5-integer description of it (which collective, dtype,
+  /// element count, root or reduction, and how many collectives it made before), so ranks that
+  /// call different collectives, or the same one with other sizes, get an accelerate::Error
+  /// naming both ranks instead of Gloo aborting the process on a size mismatch. One extra
+  /// small collective per collective: meant for debugging. `device` holds the descriptions
+  /// (NCCL takes device tensors only).
+  void verify_collectives(c10::Device device) {
+    verify_ = true;
+    verify_device_ = device;
+  }
+
   /// How to explain a failed collective (the engine's heartbeat).
   void set_diagnosis(std::function<std::string()> diagnose) { diagnose_ = std::move(diagnose); }
 
@@ -110,6 +129,51 @@ class Communicator {
   }
 
  private:
+  enum class CollectiveOp : std::int64_t { all_reduce = 1, broadcast, all_gather, barrier };
+  static const char* op_name(std::int64_t op) {
+    switch (static_cast<CollectiveOp>(op)) {
+      case CollectiveOp::all_reduce: return "all_reduce";
+      case CollectiveOp::broadcast: return "broadcast";
+      case CollectiveOp::all_gather: return "all_gather";
+      case CollectiveOp::barrier: return "barrier";
+    }
+    return "an unknown collective";
+  }
+  static std::string describe(const std::int64_t* d) {
+    std::string out = op_name(d[0]);
+    if (static_cast<CollectiveOp>(d[0]) == CollectiveOp::barrier) return out;
+    out += " of " + std::to_string(d[2]) + " " + c10::toString(static_cast<at::ScalarType>(d[1])) + " elements";
+    if (static_cast<CollectiveOp>(d[0]) == CollectiveOp::broadcast) out += " from rank " + std::to_string(d[3]);
+    else if (static_cast<CollectiveOp>(d[0]) == CollectiveOp::all_reduce) out += " (reduction " + std::to_string(d[3]) + ")";
+    return out;
+  }
+
+  // With verification on: the same description from every rank, or an error on each of them.
+  void agree(CollectiveOp op, const at::Tensor* t, std::int64_t argument) {
+    if (!verify_) return;
+    const std::int64_t call = verified_calls_++;
+    const std::int64_t dtype = t ? static_cast<std::int64_t>(t->scalar_type()) : 0;
+    at::Tensor mine =
+        at::tensor({static_cast<std::int64_t>(op), dtype, t ? t->numel() : 0, argument, call}, at::kLong)
+            .to(verify_device_);
+    std::vector<at::Tensor> inputs{mine};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < world_size_; ++r) outputs[0].push_back(at::empty_like(mine));
+    wait(backend_->allgather(outputs, inputs), "collective verification");
+    std::vector<at::Tensor> all;
+    for (auto& o : outputs[0]) all.push_back(o.cpu());
+    const auto* first = all[0].data_ptr<std::int64_t>();
+    for (int r = 1; r < world_size_; ++r) {
+      const auto* theirs = all[static_cast<std::size_t>(r)].data_ptr<std::int64_t>();
+      if (std::equal(first, first + 5, theirs)) continue;
+      accelerate::detail::fail("collective mismatch (AcceleratorOptions::verify_collectives): rank 0 calls ",
+                               describe(first), " as its collective ", first[4], ", but rank ", r, " calls ",
+                               describe(theirs), " as its collective ", theirs[4],
+                               "; every rank must make the same collectives, with the same sizes, in the "
+                               "same order (seen on rank ", rank_, ")");
+    }
+  }
+
   static std::uint64_t bytes(const at::Tensor& t) {
     return static_cast<std::uint64_t>(t.numel()) * t.element_size();
   }
@@ -124,6 +188,9 @@ class Communicator {
   mutable std::mutex mutex_;
   CommStats stats_;
   std::function<std::string()> diagnose_;
+  bool verify_ = false;
+  c10::Device verify_device_{c10::kCPU};
+  std::int64_t verified_calls_ = 0;
 };
 
 }  // namespace accelerate::distributed

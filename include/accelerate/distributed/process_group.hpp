@@ -3,6 +3,7 @@
 // ProcessGroupEngine from <accelerate/distributed/nccl.hpp>.
 #pragma once
 
+#include <cctype>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -84,6 +85,19 @@ class ReducerHandle {
   std::shared_ptr<Communicator> comm_;
 };
 
+/// ACCELERATE_DEBUG_MODE as Accelerate reads it (1/true/yes or 0/false/no, any case); another
+/// value is an error naming the variable.
+inline bool debug_mode_from_environment() {
+  auto text = accelerate::detail::env_string("ACCELERATE_DEBUG_MODE");
+  if (!text) return false;
+  std::string value = *text;
+  for (auto& c : value) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (value == "1" || value == "true" || value == "yes" || value == "y" || value == "on") return true;
+  if (value == "0" || value == "false" || value == "no" || value == "n" || value == "off") return false;
+  accelerate::detail::fail("environment variable ACCELERATE_DEBUG_MODE='", *text,
+                           "' is not a boolean (1/true/yes or 0/false/no)");
+}
+
 /// Gloo: CPU tensors, any host. Binds loopback for a local job, GLOO_SOCKET_IFNAME when set,
 /// else this host's name (as torch.distributed does).
 struct GlooFactory {
@@ -108,8 +122,12 @@ class ProcessGroupEngine {
   ProcessGroupEngine(const AcceleratorOptions& options, std::string_view fingerprint)
       : env_(detect_environment()), timeout_(options.timeout) {
     if (!env_.launched()) return;
+    const bool verify = options.verify_collectives || debug_mode_from_environment();
     std::ostringstream description;
-    description << fingerprint << " world_size=" << env_.world_size;
+    // verify_collectives is compared here but not in the checkpoint's fingerprint: a debugging
+    // run may resume a normal one; a rank verifying among ranks that do not would pair its
+    // descriptions with their payloads.
+    description << fingerprint << " world_size=" << env_.world_size << " verify_collectives=" << verify;
     // One store per process, kept for its lifetime: a later Accelerator in the same program
     // (ranks create them in the same order) rendezvous under its own key prefix instead of
     // racing a peer's not-yet-closed server on the same port.
@@ -118,6 +136,7 @@ class ProcessGroupEngine {
     rendezvous_in(*store_, env_, timeout_, description.str());
     auto backend = Factory::create(compat::make_prefix_store("pg", store_), env_, options);
     comm_ = std::make_shared<Communicator>(std::move(backend), env_.rank, env_.world_size);
+    if (verify) comm_->verify_collectives(Factory::device(env_, options));
     if (env_.world_size > 1) {
       heartbeat_ = std::make_shared<Heartbeat>(env_, "accelerate/" + std::to_string(generation));
       comm_->set_diagnosis([heartbeat = std::weak_ptr<Heartbeat>(heartbeat_)] {
