@@ -360,7 +360,39 @@ TEST(Misconfiguration, DifferentWorldSizesOrOptionsAreNamedOnBothSides) {
     EXPECT_NE(wait_for(r1, 60s), 0);
     const auto log = read_file(r0.log);
     EXPECT_NE(log.find("world_size=2 (rank 1: world_size=3)"), std::string::npos) << log;
+    // The side that expects a third rank names the difference too, not ranks that "never arrived".
+    const auto log1 = read_file(r1.log);
+    EXPECT_NE(log1.find("world_size=3 (rank 0: world_size=2)"), std::string::npos) << log1;
+    EXPECT_EQ(log1.find("never arrived"), std::string::npos) << log1;
   }
+}
+
+// Two processes given the same RANK: the second to arrive stops at once naming the rank,
+// instead of joining in place of the first (and a third process failing 15 s later).
+TEST(Misconfiguration, TheSameRankTwiceIsNamed) {
+  TempDir dir;
+  const std::string port = std::to_string(accelerate::launch_detail::free_port());
+  std::vector<Process> processes;
+  for (const int r : {0, 1, 1}) {
+    processes.push_back(spawn(
+        trainer({"--out", (dir / ("out" + std::to_string(processes.size()))).string(), "--timeout", "10", "--steps",
+                 "100", "--step-ms", "10"}),
+        {{"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", std::to_string(r)}, {"LOCAL_WORLD_SIZE", "2"},
+         {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}},
+        dir / ("process" + std::to_string(processes.size()) + ".log")));
+  }
+  int named = 0;
+  for (auto& p : processes) {
+    const int code = wait_for(p, 60s);
+    EXPECT_NE(code, -1) << read_file(p.log);
+    const auto log = read_file(p.log);
+    if (log.find("two processes started as rank 1 of 2") != std::string::npos) {
+      ++named;
+      EXPECT_NE(code, 0) << log;
+    }
+    EXPECT_EQ(log.find("never arrived"), std::string::npos) << log;
+  }
+  EXPECT_GE(named, 1) << read_file(processes[1].log) << read_file(processes[2].log);
 }
 
 // --- two hosts -------------------------------------------------------------------------------

@@ -146,6 +146,7 @@ class ProcessGroupEngine {
     }
     // Nobody leaves start-up (and may exit, taking rank 0's store with it) before all are in.
     wait_for_all(*store_, "ready", env_, "1", timeout_, "process group");
+    check_claims(*store_, env_);  // a duplicate RANK that came after the others joined
   }
 
   int rank() const noexcept { return env_.rank; }

@@ -2,9 +2,11 @@
 // timeout (naming the missing ones) and that they were built and started alike.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -14,6 +16,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <accelerate/compat/c10d.hpp>
 #include <accelerate/detail/check.hpp>
@@ -81,31 +85,84 @@ auto within_deadline(Make make, std::chrono::milliseconds deadline, Message mess
 
 }  // namespace detail
 
+namespace detail {
+
+/// Names the ranks of `env` whose key under `prefix` is missing, and whether the store still
+/// answers (it does not once rank 0, which serves it, has exited).
+inline std::pair<std::string, bool> missing_ranks(c10d::Store& store, const std::string& prefix,
+                                                  const ProcessEnvironment& env) {
+  std::ostringstream missing;
+  int count = 0;
+  bool answers = true;
+  for (int r = 0; r < env.world_size; ++r) {
+    bool present = false;
+    try {
+      present = store.check({prefix + "/" + std::to_string(r)});
+    } catch (const std::exception&) {
+      answers = false;
+      break;
+    }
+    if (!present) missing << (count++ ? ", " : " ") << r;
+  }
+  return {missing.str(), answers};
+}
+
+[[noreturn]] inline void fail_waiting(c10d::Store& store, const std::string& prefix, const ProcessEnvironment& env,
+                                      std::chrono::milliseconds timeout, const char* what) {
+  const auto [missing, answers] = missing_ranks(store, prefix, env);
+  if (!answers && env.rank != 0) {
+    accelerate::detail::fail("rendezvous (", what, "): rank ", env.rank, " of ", env.world_size,
+                             " lost rank 0's store at ", env.master_addr, ":", env.master_port,
+                             " while waiting: rank 0 ended (its error says why)");
+  }
+  accelerate::detail::fail("rendezvous (", what, "): rank ", env.rank, " waited ", seconds(timeout), " at ",
+                           env.master_addr, ":", env.master_port, " but rank(s)", missing, " of ",
+                           env.world_size, " never arrived (did they start, with the same MASTER_ADDR/PORT?)");
+}
+
+}  // namespace detail
+
 /// Sets `<prefix>/<rank>` to `value` and waits until every rank has set its key. A rank that
-/// does not arrive within `timeout` is named in the error.
+/// does not arrive within `timeout` is named in the error. With `arrived`, each peer's value is
+/// handed to it as soon as that peer's key appears (polling), so a check can end the wait
+/// early instead of waiting for a rank that will never come.
 inline void wait_for_all(c10d::Store& store, const std::string& prefix, const ProcessEnvironment& env,
-                         const std::string& value, std::chrono::milliseconds timeout,
-                         const char* what) {
+                         const std::string& value, std::chrono::milliseconds timeout, const char* what,
+                         const std::function<void(int, const std::string&)>& arrived = {}) {
   store.set(prefix + "/" + std::to_string(env.rank), value);
-  std::vector<std::string> keys;
-  for (int r = 0; r < env.world_size; ++r) keys.push_back(prefix + "/" + std::to_string(r));
-  try {
-    store.wait(keys, timeout);
-  } catch (const std::exception&) {
-    std::ostringstream missing;
-    int count = 0;
+  if (!arrived) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < env.world_size; ++r) keys.push_back(prefix + "/" + std::to_string(r));
+    try {
+      store.wait(keys, timeout);
+    } catch (const std::exception&) {
+      detail::fail_waiting(store, prefix, env, timeout, what);
+    }
+    return;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<bool> seen(static_cast<std::size_t>(env.world_size), false);
+  seen[static_cast<std::size_t>(env.rank)] = true;
+  int waiting = env.world_size - 1;
+  while (waiting > 0) {
     for (int r = 0; r < env.world_size; ++r) {
+      if (seen[static_cast<std::size_t>(r)]) continue;
+      const std::string key = prefix + "/" + std::to_string(r);
       bool present = false;
       try {
-        present = store.check({keys[static_cast<std::size_t>(r)]});
+        present = store.check({key});
       } catch (const std::exception&) {
+        detail::fail_waiting(store, prefix, env, timeout, what);
       }
-      if (!present) missing << (count++ ? ", " : " ") << r;
+      if (!present) continue;
+      const auto bytes = store.get(key);
+      arrived(r, std::string(bytes.begin(), bytes.end()));
+      seen[static_cast<std::size_t>(r)] = true;
+      --waiting;
     }
-    accelerate::detail::fail("rendezvous (", what, "): rank ", env.rank, " waited ",
-                             detail::seconds(timeout), " at ", env.master_addr, ":", env.master_port,
-                             " but rank(s)", missing.str(), " of ", env.world_size,
-                             " never arrived (did they start, with the same MASTER_ADDR/PORT?)");
+    if (waiting == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) detail::fail_waiting(store, prefix, env, timeout, what);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
 
@@ -161,14 +218,53 @@ inline std::pair<compat::StorePtr, int> process_store(const ProcessEnvironment& 
   return {store, uses++};
 }
 
+/// Claims this process's rank under `store`: a second process started with the same RANK
+/// fails at once instead of joining in place of the first.
+inline void claim_rank(c10d::Store& store, const ProcessEnvironment& env) {
+  const auto claims = store.add("claims/" + std::to_string(env.rank), 1);
+  ACCELERATE_CHECK(claims == 1, "rendezvous: two processes started as rank ", env.rank, " of ", env.world_size,
+                   " at ", env.master_addr, ":", env.master_port, " (RANK set twice?); this one (pid ", ::getpid(),
+                   ") came second and stops");
+}
+
+/// After every rank arrived: fails on each of them when some rank was claimed twice.
+inline void check_claims(c10d::Store& store, const ProcessEnvironment& env) {
+  for (int r = 0; r < env.world_size; ++r) {
+    const auto claims = store.add("claims/" + std::to_string(r), 0);
+    ACCELERATE_CHECK(claims == 1, "rendezvous: two processes started as rank ", r, " of ", env.world_size,
+                     " at ", env.master_addr, ":", env.master_port, " (RANK set twice?); rank ", env.rank,
+                     " stops");
+  }
+}
+
 /// Waits for every rank under `store` and checks that each rank's `fingerprint` (compile-time
-/// policies and shared options) equals every other's.
+/// policies, shared options and world size) equals every other's. A peer that differs is
+/// reported as soon as it arrives, so ranks started with different world sizes name the
+/// difference instead of waiting for a rank that does not exist for the other side.
 inline void rendezvous_in(c10d::Store& store, const ProcessEnvironment& env, std::chrono::milliseconds timeout,
                           const std::string& fingerprint) {
-  wait_for_all(store, "joined", env, fingerprint, timeout, "joining");
-  check_same_everywhere(store, "joined", env, fingerprint,
-                        "rendezvous: ranks must be built with the same policies and started with "
-                        "the same shared options");
+  const std::string subject =
+      "rendezvous: ranks must be built with the same policies and started with the same shared options";
+  claim_rank(store, env);
+  wait_for_all(store, "joined", env, fingerprint, timeout, "joining", [&](int r, const std::string& theirs) {
+    if (theirs == fingerprint) return;
+    // Every rank that arrived differs from someone and fails too; rank 0 serves the store, so
+    // it lets them read what they need (bounded) before it exits and takes the store along.
+    store.set("rejected/" + std::to_string(env.rank), "1");
+    if (env.rank == 0) {
+      for (int peer = 1; peer < env.world_size; ++peer) {
+        try {
+          if (store.check({"joined/" + std::to_string(peer)}))
+            store.wait({"rejected/" + std::to_string(peer)}, std::min(timeout, std::chrono::milliseconds(5000)));
+        } catch (const std::exception&) {
+        }
+      }
+    }
+    accelerate::detail::fail(subject, ": rank ", env.rank, " and rank ", r, " differ: ",
+                             detail::first_difference(fingerprint, theirs, r), ". Rank ", env.rank, ": ",
+                             fingerprint, "; rank ", r, ": ", theirs);
+  });
+  check_claims(store, env);
 }
 
 }  // namespace accelerate::distributed
