@@ -121,6 +121,27 @@ TEST(RankFailure, TheLauncherStopsEveryRankAndNamesTheFailedOne) {
   }
 }
 
+// A rank stopped by SIGSTOP makes its peers fail on the timeout; the launcher must name the
+// stuck rank as the cause, not only the healthy one that exited first.
+TEST(RankFailure, TheLauncherNamesAStoppedRankAsTheCause) {
+  TempDir dir;
+  const auto job = spawn(trainer({"--nproc", "3", "--out", dir.path().string(), "--timeout", "5", "--steps", "100000",
+                                  "--step-ms", "5"}),
+                         {}, dir / "launcher.log");
+  for (int i = 0; i < 500 && !std::filesystem::exists(dir / "rank1.pid"); ++i) std::this_thread::sleep_for(20ms);
+  std::this_thread::sleep_for(1500ms);
+  pid_t rank1 = 0;
+  std::ifstream(dir / "rank1.pid") >> rank1;
+  ASSERT_GT(rank1, 0);
+  ::kill(rank1, SIGSTOP);
+  EXPECT_NE(wait_for(job, 60s), 0) << read_file(job.log);
+  const auto log = read_file(job.log);
+  EXPECT_NE(log.find("rank 1 (pid " + std::to_string(rank1) + ") has been stopped by signal " + std::to_string(SIGSTOP)),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("the likely cause"), std::string::npos) << log;
+}
+
 // Without a supervisor (several hosts, or a launcher that does not stop the rest), the
 // survivors notice by themselves within the timeout and name the rank that stopped.
 void expect_survivors_name(int dead_rank, const std::string& expected) {
@@ -327,6 +348,25 @@ TEST(Preemption, SigtermToTheLauncherSavesAndExitsZeroThenResumesExactly) {
 }
 
 TEST(Preemption, SigusrOnOneRankStopsEveryRank) { expect_preemption_then_exact_resume(false, SIGUSR1); }
+
+// Two SIGTERMs 50 ms apart (a scheduler's and an impatient user's): the second is absorbed,
+// the state is saved once and every process exits 0 rather than 143.
+TEST(Preemption, ASecondSigtermMomentsLaterIsAbsorbed) {
+  TempDir dir;
+  for (int trial = 0; trial < 3; ++trial) {
+    const auto out = dir / ("trial" + std::to_string(trial));
+    const auto job = spawn(trainer({"--nproc", "2", "--steps", "100000", "--step-ms", "20", "--preemptible", "--out",
+                                    out.string(), "--project", (out / "project").string()}),
+                           {}, dir / ("job" + std::to_string(trial) + ".log"));
+    for (int i = 0; i < 500 && !std::filesystem::exists(out / "rank1.pid"); ++i) std::this_thread::sleep_for(20ms);
+    std::this_thread::sleep_for(1000ms);
+    ::kill(job.pid, SIGTERM);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30 + 20 * trial));
+    ::kill(job.pid, SIGTERM);
+    EXPECT_EQ(wait_for(job, 60s), 0) << "trial " << trial << ":\n" << read_file(job.log);
+    EXPECT_TRUE(std::filesystem::exists(out / "preempted")) << read_file(job.log);
+  }
+}
 
 // --- misconfiguration ------------------------------------------------------------------------
 

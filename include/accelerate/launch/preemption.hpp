@@ -13,7 +13,11 @@ namespace accelerate {
 
 namespace preemption_detail {
 inline std::atomic<int> last_signal{0};
-inline void on_signal(int sig) { last_signal.store(sig); }
+inline std::atomic<bool> ever_requested{false};  // not cleared by clear_preemption_request()
+inline void on_signal(int sig) {
+  last_signal.store(sig);
+  ever_requested.store(true);
+}
 }  // namespace preemption_detail
 
 /// Whether a preemption signal arrived since the flag was last cleared.
@@ -22,8 +26,10 @@ inline bool preemption_requested() noexcept { return preemption_detail::last_sig
 inline int preemption_signal() noexcept { return preemption_detail::last_signal.load(); }
 inline void clear_preemption_request() noexcept { preemption_detail::last_signal.store(0); }
 
-/// While alive, the given signals request preemption instead of terminating the process;
-/// the previous handlers come back when it is destroyed.
+/// While alive, the given signals request preemption instead of terminating the process.
+/// The previous handlers come back when it is destroyed, unless a preemption was requested:
+/// the process is then on its way out (saving, exiting), and a second SIGTERM sent moments
+/// after the first must not kill it there, so the signals stay absorbed.
 /// Example:
 ///   accelerate::PreemptionGuard guard;   // SIGTERM, SIGUSR1
 ///   for (auto& [x, y] : loader) {
@@ -44,6 +50,7 @@ class PreemptionGuard {
     }
   }
   ~PreemptionGuard() {
+    if (preemption_detail::ever_requested.load()) return;
     for (auto& [sig, previous] : previous_) ::sigaction(sig, &previous, nullptr);
   }
   PreemptionGuard(const PreemptionGuard&) = delete;

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -123,20 +124,35 @@ inline int supervise(std::vector<RankProcess>& ranks, int first_rank, double gra
 
   int result = 0;
   std::size_t running = ranks.size();
-  bool stopping = false;
+  bool stopping = false, forwarded = false;
   auto deadline = std::chrono::steady_clock::time_point::max();
+  // When each rank was stopped (SIGSTOP, SIGTSTP, a debugger), while it stays stopped: a peer
+  // then fails on a timeout, and the report must name the stuck rank, not the peer.
+  std::vector<std::optional<std::pair<int, std::chrono::steady_clock::time_point>>> stopped(ranks.size());
   auto signal_all = [&](int sig) {
     for (auto& r : ranks)
       if (r.pid > 0) ::kill(r.pid, sig);
   };
   while (running > 0) {
-    if (const int sig = launch_detail::forwarded_signal.exchange(0)) signal_all(sig);
+    if (const int sig = launch_detail::forwarded_signal.exchange(0)) {
+      signal_all(sig);
+      forwarded = true;
+    }
     int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED);
     if (pid > 0) {
       for (std::size_t i = 0; i < ranks.size(); ++i) {
         if (ranks[i].pid != pid) continue;
+        if (WIFSTOPPED(status)) {
+          stopped[i] = {WSTOPSIG(status), std::chrono::steady_clock::now()};
+          continue;
+        }
+        if (WIFCONTINUED(status)) {
+          stopped[i].reset();
+          continue;
+        }
         ranks[i].pid = -1;
+        stopped[i].reset();
         --running;
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         if (failed && !stopping) {
@@ -145,7 +161,17 @@ inline int supervise(std::vector<RankProcess>& ranks, int first_rank, double gra
           std::cerr << "accelerate launch: rank " << first_rank + static_cast<int>(i) << " (pid " << pid
                     << ") " << launch_detail::describe(status) << "; stopping the other "
                     << running << " rank(s)" << std::endl;
+          for (std::size_t j = 0; j < ranks.size(); ++j) {
+            if (!stopped[j]) continue;
+            const auto [sig, since] = *stopped[j];
+            const auto for_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+            std::cerr << "accelerate launch: rank " << first_rank + static_cast<int>(j) << " (pid " << ranks[j].pid
+                      << ") has been stopped by signal " << sig << " (" << ::strsignal(sig) << ") for " << for_s
+                      << " s: the stuck rank, and the likely cause of rank " << first_rank + static_cast<int>(i)
+                      << "'s failure" << std::endl;
+          }
           signal_all(SIGTERM);
+          signal_all(SIGCONT);  // a stopped rank acts on SIGTERM only once continued
           deadline = std::chrono::steady_clock::now() +
                      std::chrono::milliseconds(static_cast<long>(grace_seconds * 1000));
         }
@@ -159,8 +185,13 @@ inline int supervise(std::vector<RankProcess>& ranks, int first_rank, double gra
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
+  // After forwarding a signal the job is ending: a second SIGINT/SIGTERM moments after the
+  // first (schedulers and impatient users send them) is absorbed rather than turning the
+  // ranks' clean exit into the launcher's death by signal.
+  if (!forwarded) {
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGTERM, &old_term, nullptr);
+  }
   return result;
 }
 
