@@ -33,6 +33,7 @@ struct Args {
   bool resume = false;      // continue from the latest checkpoint in project_dir
   std::vector<std::string> log_with;  // trackers: jsonl, csv, tensorboard, all
   bool env = false;         // print the environment report and exit
+  bool check_finite_loss = true;  // a NaN/inf loss stops training, naming the step
   accelerate::RunConfig run;  // precision, accumulation, clipping, processes
 };
 
@@ -49,6 +50,7 @@ struct Progress {
             << "                     [--data DIR] [--precision fp32|bf16|fp16] [--accum K]\n"
             << "                     [--clip-norm X] [--project-dir DIR [--resume]]\n"
             << "                     [--log-with jsonl,csv,tensorboard|all] [--no-progress] [--env]\n"
+            << "                     [--allow-nonfinite-loss]\n"
             << "                     [--config default_config.yaml]   (precedence: flags, then ACCELERATE_*\n"
             << "                                                       variables, then the file)\n";
   std::exit(2);
@@ -111,6 +113,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--project-dir") a.project_dir = value();
     else if (flag == "--resume") a.resume = true;
     else if (flag == "--env") a.env = true;
+    else if (flag == "--allow-nonfinite-loss") a.check_finite_loss = false;
     else if (flag == "--config") value();  // read before the other flags
     else if (flag == "--log-with") {
       std::stringstream list(value());
@@ -160,7 +163,7 @@ int train(const Args& args) {
     std::cout << accelerate::environment_report<Acc>();
     return 0;
   }
-  accelerate::AcceleratorOptions options{.seed = args.seed};
+  accelerate::AcceleratorOptions options{.seed = args.seed, .check_finite_loss = args.check_finite_loss};
   options.log_with = args.log_with;
   if (!args.project_dir.empty())
     options.project = {.project_dir = args.project_dir, .automatic_checkpoint_naming = true, .total_limit = 2};

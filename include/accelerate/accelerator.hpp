@@ -76,6 +76,7 @@ struct CoreState {
   GradientState gradient_state;            // the prepared dataloaders being iterated now
   std::vector<CheckpointEntry> checkpoint; // in prepare()/registration order
   bool trigger = false;                    // set_trigger()/check_trigger()
+  std::uint64_t losses_checked = 0;        // backward() calls under check_finite_loss
   std::vector<AnyTracker> trackers;        // main process only
 };
 
@@ -430,8 +431,11 @@ class Accelerator {
   /// Backpropagates `loss`: divided by the accumulation window's length (accumulation), scaled
   /// (Fp16), then autograd. Gradients of prepared models are all-reduced from autograd hooks
   /// while backward runs (distributed), and complete when it returns.
-  /// With Accelerator<> this is loss.backward().
+  /// With Accelerator<> this is loss.backward(). With AcceleratorOptions::check_finite_loss a
+  /// NaN or infinite loss is an error instead.
   void backward(const at::Tensor& loss) {
+    if (core_.options.check_finite_loss) [[unlikely]]
+      refuse_nonfinite_loss(loss);
     if constexpr (!accumulating && !precision_policy::uses_grad_scaler) {
       loss.backward();
     } else {
@@ -1096,6 +1100,21 @@ class Accelerator {
       (void)params;
       (void)caller;
     }
+  }
+
+  void refuse_nonfinite_loss(const at::Tensor& loss) {
+    const auto call = ++core_.losses_checked;
+    if (at::isfinite(loss.detach()).all().item<bool>()) return;
+    std::ostringstream where;
+    where << "backward call " << call << " since this Accelerator was created";
+    if constexpr (accumulating) where << " (micro-step " << accum_.step << " of the accumulation)";
+    const at::Tensor values = loss.detach().flatten();
+    const at::Tensor bad = values.masked_select(at::isfinite(values).logical_not());
+    accelerate::detail::fail("backward: the loss is ", bad[0].item<double>(), " at ", where.str(), " on rank ",
+                             process_index(), " of ", num_processes(),
+                             "; no gradient was computed and no parameter changed "
+                             "(AcceleratorOptions::check_finite_loss). Lower the learning rate or check "
+                             "this step's batch");
   }
 
   /// Every rank's tensor (rows may differ), in rank order.

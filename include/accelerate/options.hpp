@@ -59,6 +59,14 @@ struct AcceleratorOptions {
   /// Accelerate does); false steps them on every call.
   bool step_scheduler_with_optimizer = true;
 
+  // --- the training step ---
+  /// backward() raises accelerate::Error when the loss is NaN or infinite, naming the call and
+  /// the rank, before autograd runs (so no gradient, and no parameter, is touched). Costs one
+  /// device-to-host read of the loss per backward when on, nothing when off. Set it alike on
+  /// every rank: the rank that raises leaves its peers waiting in the gradient all-reduce
+  /// until a launcher or the timeout stops them.
+  bool check_finite_loss = false;
+
   // --- clipping (ClipNorm / ClipValue policies) ---
   double max_norm = 1.0;
   double clip_value = 1.0;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "../support/models.hpp"
@@ -208,6 +210,62 @@ TEST(Prepare, AnAlreadyPreparedObjectComesBackUnchanged) {
   }
   EXPECT_EQ(batches, 3u);
   EXPECT_EQ(loader.epoch(), 1u) << "the copy shares the original's position";
+}
+
+}  // namespace
+
+namespace {
+
+// A NaN or infinite loss: with check_finite_loss, backward() refuses it naming the call, before
+// autograd touches a gradient; without it, the NaN reaches the parameters (what the check is for).
+template <class Acc>
+void expect_nonfinite_loss_refused() {
+  Acc acc{{.cpu = true, .seed = 1, .check_finite_loss = true}};
+  TinyNet net;
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, opt] = acc.prepare(net, sgd);
+  const auto data = regression_data(8);
+  auto loss = [&](double factor) { return torch::mse_loss(model(data.inputs()), data.targets()) * factor; };
+  for (int i = 0; i < 2; ++i) {
+    auto step = acc.accumulate(model);
+    acc.backward(loss(1.0));
+    opt.step();
+    opt.zero_grad();
+  }
+  const auto before = flat_parameters(*net);
+  for (const double bad : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    auto step = acc.accumulate(model);
+    std::string message = "no error";
+    try {
+      acc.backward(loss(bad));
+    } catch (const accelerate::Error& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("backward: the loss is"), std::string::npos) << message;
+    EXPECT_NE(message.find(std::isnan(bad) ? "nan" : "inf"), std::string::npos) << message;
+    EXPECT_NE(message.find(std::isnan(bad) ? "backward call 3 " : "backward call 4 "), std::string::npos) << message;
+    EXPECT_NE(message.find("on rank 0 of 1"), std::string::npos) << message;
+    for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined() && p.grad().abs().sum().item<double>() != 0);
+    opt.step();
+  }
+  EXPECT_TRUE(torch::equal(flat_parameters(*net), before));
+}
+
+TEST(CheckFiniteLoss, ANonFiniteLossIsRefusedNamingTheCall) {
+  expect_nonfinite_loss_refused<accelerate::Accelerator<>>();
+  expect_nonfinite_loss_refused<accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32,
+                                                        accelerate::Accumulate<2>>>();
+}
+
+TEST(CheckFiniteLoss, OffTheNanReachesTheParameters) {
+  accelerate::Accelerator<> acc{{.cpu = true, .seed = 1}};
+  TinyNet net;
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, opt] = acc.prepare(net, sgd);
+  const auto data = regression_data(8);
+  acc.backward(torch::mse_loss(model(data.inputs()), data.targets()) * std::nan(""));
+  opt.step();
+  EXPECT_TRUE(flat_parameters(*net).isnan().any().item<bool>());
 }
 
 }  // namespace
