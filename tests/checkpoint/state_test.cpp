@@ -31,6 +31,17 @@ struct Outer {
 };
 BOOST_HANA_ADAPT_STRUCT(Outer, inner, flag);
 
+// One struct before and after it gained a member, as a program's next version has it.
+struct RunInfoV1 {
+  int64_t epoch = 0;
+};
+BOOST_HANA_ADAPT_STRUCT(RunInfoV1, epoch);
+struct RunInfoV2 {
+  int64_t epoch = 0;
+  double warmup = 0;
+};
+BOOST_HANA_ADAPT_STRUCT(RunInfoV2, epoch, warmup);
+
 namespace {
 
 namespace ckpt = accelerate::checkpoint;
@@ -354,6 +365,30 @@ TEST(LoadStateAllOrNothing, AFailureInTheLastObjectUndoesEveryObjectBefore) {
   run.picky.refuse.reset();
   run.acc.load_state(dir / "s");
   EXPECT_FALSE(run.snapshot() == before) << "a good load changes it";
+}
+
+// A checkpoint saved before a registered struct gained a member: refused naming the member
+// and the file, after which every object (the struct included) is as it was.
+TEST(LoadStateAllOrNothing, AStructThatGainedAMemberIsRefusedAndChangesNothing) {
+  TempDir dir;
+  {
+    RunInfoV1 info{.epoch = 3};
+    FullRun old;
+    old.acc.register_for_checkpointing(info);
+    old.train(3);
+    old.acc.save_state(dir / "s");
+  }
+  RunInfoV2 info{.epoch = 9, .warmup = 0.5};
+  FullRun run;
+  run.acc.register_for_checkpointing(info);
+  run.train(5);
+  const auto before = run.snapshot();
+  const auto message = error_of([&] { run.acc.load_state(dir / "s"); });
+  EXPECT_NE(message.find("custom_checkpoint_2.json"), std::string::npos) << message;
+  EXPECT_NE(message.find("member 'warmup' is missing"), std::string::npos) << message;
+  EXPECT_TRUE(run.snapshot() == before) << "a failed load changed the run";
+  EXPECT_EQ(info.epoch, 9);
+  EXPECT_EQ(info.warmup, 0.5);
 }
 
 TEST(LoadStateAllOrNothing, EveryRefusedCheckpointLeavesEveryObjectAsItWas) {
