@@ -4,7 +4,7 @@
 //
 // Why not c10d::Reducer: it is an internal class whose constructor changed across 2.x
 // releases and which drags in dist-autograd headers; this is the same algorithm in ~200 lines
-// of public autograd API, measured as fast (shared/TECH-NOTES.md Q1, bench/README.md).
+// of public autograd API, measured as fast (bench/README.md, "Gradient synchronisation on 2 ranks").
 #pragma once
 
 #include <algorithm>
