@@ -1,5 +1,6 @@
 # Finds what accelerate::accelerate links: LibTorch 2.x (cmake/AccelerateTorch.cmake),
-# Boost (Hana), range-v3, nlohmann-json, zlib, Gloo's headers and, optionally, yaml-cpp.
+# Boost (Hana), nlohmann-json, zlib, Gloo's headers and, optionally, yaml-cpp. (range-v3 is
+# found by tests/ only: a test iterates prepared loaders through its views; no header needs it.)
 
 include_guard(GLOBAL)
 
@@ -23,8 +24,6 @@ function(_accelerate_header_only target found_var)
 endfunction()
 find_package(Boost 1.74 QUIET)
 _accelerate_header_only(Boost::headers Boost_FOUND)
-find_package(range-v3 QUIET)
-_accelerate_header_only(range-v3::range-v3 range-v3_FOUND)
 find_package(nlohmann_json 3.10 QUIET)
 _accelerate_header_only(nlohmann_json::nlohmann_json nlohmann_json_FOUND)
 # zlib reads the gzip'd IDX files; without it the reader pipes them through `gzip -dc`.

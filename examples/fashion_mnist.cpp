@@ -2,6 +2,7 @@
 // written once; the Accelerator's policies decide how it runs. The last line printed is one
 // JSON object describing the run.
 #include <accelerate/accelerate.hpp>
+#include <accelerate/data/idx.hpp>  // optional: the Fashion-MNIST files' reader
 #ifdef ACCELERATE_EXAMPLE_YAML
 #include <accelerate/config.hpp>
 #endif

@@ -1,14 +1,14 @@
 // The umbrella header for trainers and examples: everything but the NCCL backend
-// (<accelerate/distributed/nccl.hpp>) and YAML configurations (<accelerate/config.hpp>).
+// (<accelerate/distributed/nccl.hpp>), YAML configurations (<accelerate/config.hpp>) and the
+// optional IDX (MNIST-family) reader (<accelerate/data/idx.hpp>).
 // Library headers never include it.
 #pragma once
 
 #include <accelerate/accelerator.hpp>
 #include <accelerate/checkpoint/reflect.hpp>
-#include <accelerate/data/idx.hpp>
 #include <accelerate/data/tensor_dataset.hpp>
 #include <accelerate/distributed/process_group.hpp>
-#include <accelerate/environment.hpp>
+#include <accelerate/environment_report.hpp>
 #include <accelerate/launch/launch.hpp>
 #include <accelerate/launch/preemption.hpp>
 #include <accelerate/presets.hpp>

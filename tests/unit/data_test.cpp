@@ -1,5 +1,6 @@
 // Tests of include/accelerate/data/ (sharding, batches, IDX) and prepared/dataloader.hpp.
 #include <accelerate/accelerate.hpp>
+#include <accelerate/data/idx.hpp>
 
 #include <gtest/gtest.h>
 #include <zlib.h>

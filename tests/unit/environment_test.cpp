@@ -1,6 +1,6 @@
-// Tests of include/accelerate/distributed/environment.hpp and launch/cli.hpp: reading
+// Tests of include/accelerate/distributed/process_environment.hpp and launch/cli.hpp: reading
 // torchrun, Open MPI and SLURM variables, and the launcher's flags.
-#include <accelerate/distributed/environment.hpp>
+#include <accelerate/distributed/process_environment.hpp>
 #include <accelerate/launch/cli.hpp>
 
 #include <gtest/gtest.h>

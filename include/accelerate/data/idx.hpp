@@ -1,4 +1,5 @@
 // Reader for gzip'd IDX files (the MNIST family's format) and the Fashion-MNIST splits.
+// Optional: not in the umbrella header; the Fashion-MNIST example includes it.
 #pragma once
 
 #ifndef ACCELERATE_IDX_WITHOUT_ZLIB

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include <accelerate/compat/c10d.hpp>
-#include <accelerate/distributed/environment.hpp>
+#include <accelerate/distributed/process_environment.hpp>
 
 namespace accelerate::distributed {
 

@@ -23,7 +23,7 @@
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/env.hpp>
 #include <accelerate/distributed/communicator.hpp>
-#include <accelerate/distributed/environment.hpp>
+#include <accelerate/distributed/process_environment.hpp>
 #include <accelerate/distributed/heartbeat.hpp>
 #include <accelerate/distributed/reducer.hpp>
 #include <accelerate/distributed/rendezvous.hpp>

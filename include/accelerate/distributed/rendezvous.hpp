@@ -21,7 +21,7 @@
 
 #include <accelerate/compat/c10d.hpp>
 #include <accelerate/detail/check.hpp>
-#include <accelerate/distributed/environment.hpp>
+#include <accelerate/distributed/process_environment.hpp>
 
 namespace accelerate::distributed {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include <accelerate/detail/env.hpp>
-#include <accelerate/distributed/environment.hpp>
+#include <accelerate/distributed/process_environment.hpp>
 #include <accelerate/launch/cli.hpp>
 #include <accelerate/launch/supervisor.hpp>
 

@@ -15,7 +15,7 @@
 
 #include <accelerate/compat/torch.hpp>
 #include <accelerate/detail/type_name.hpp>
-#include <accelerate/distributed/environment.hpp>
+#include <accelerate/distributed/process_environment.hpp>
 #include <accelerate/version.hpp>
 
 extern char** environ;
