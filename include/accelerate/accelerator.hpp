@@ -28,6 +28,7 @@
 
 #include <accelerate/amp/grad_scaler.hpp>
 #include <accelerate/checkpoint/module_state.hpp>
+#include <accelerate/checkpoint/registry.hpp>
 #include <accelerate/checkpoint/sharding.hpp>
 #include <accelerate/checkpoint/state.hpp>
 #include <accelerate/checkpoint/stateful.hpp>
@@ -36,10 +37,11 @@
 #include <accelerate/data/shard_sampler.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/diagnostics.hpp>
-#include <accelerate/detail/local_engine.hpp>
 #include <accelerate/detail/malloc_tuning.hpp>
 #include <accelerate/detail/type_name.hpp>
-#include <accelerate/distributed/layout_check.hpp>
+#include <accelerate/distributed/collectives.hpp>
+#include <accelerate/distributed/engine.hpp>
+#include <accelerate/distributed/local_engine.hpp>
 #include <accelerate/distributed/reduction.hpp>
 #include <accelerate/distributed/stats.hpp>
 #include <accelerate/gradient_state.hpp>
@@ -74,7 +76,7 @@ struct CoreState {
   AcceleratorOptions options;
   c10::Device device{c10::kCPU};
   GradientState gradient_state;            // the prepared dataloaders being iterated now
-  std::vector<CheckpointEntry> checkpoint; // in prepare()/registration order
+  checkpoint::Registry checkpoint;          // what save_state/load_state visit
   bool trigger = false;                    // set_trigger()/check_trigger()
   std::uint64_t losses_checked = 0;        // backward() calls under check_finite_loss
   std::vector<AnyTracker> trackers;        // main process only
@@ -135,9 +137,6 @@ struct ClipState<C, ClipKind::norm> {
   double last_norm = 0.0;
 };
 
-template <class T>
-inline constexpr bool dependent_false = false;
-
 /// Whether T is what prepare() of accelerator type Acc returned.
 template <class T, class Acc> struct prepared_by : std::false_type {};
 template <class H, class Acc> struct prepared_by<PreparedModel<H, Acc>, Acc> : std::true_type {};
@@ -195,7 +194,20 @@ class Accelerator {
   using accumulation_policy =
       std::conditional_t<AccumulationPolicy<Accumulation>, Accumulation, NoAccumulation>;
   using clip_policy = std::conditional_t<ClipPolicy<Clip>, Clip, NoClip>;
-  using engine_type = typename detail::backend_engine<backend_policy>::type;
+
+ private:
+  using declared_engine = typename detail::backend_engine<backend_policy>::type;
+  static_assert(distributed::BackendEngine<declared_engine>,
+                "accelerate: the engine of this Backend policy (detail::backend_engine<B>::type) does not "
+                "satisfy accelerate::distributed::BackendEngine: see <accelerate/distributed/engine.hpp> "
+                "for what an engine provides, and prove a new one with the conformance suite "
+                "(tests/distributed/engine_conformance_test.cpp)");
+  static_assert(detail::accepted<detail::BackendEngineSlot, declared_engine,
+                                 distributed::BackendEngine<declared_engine>>);
+
+ public:
+  using engine_type =
+      std::conditional_t<distributed::BackendEngine<declared_engine>, declared_engine, distributed::LocalEngine>;
   using model_sync_type = typename engine_type::ModelSync;
 
   /// Whether some micro-steps skip gradient synchronisation.
@@ -220,6 +232,7 @@ class Accelerator {
     check_device_supports_precision();
     if (options.retain_freed_memory) detail::retain_freed_memory();
     if (options.seed) set_seed(*options.seed);
+    register_step_states();
   }
 
   Accelerator(const Accelerator&) = delete;
@@ -358,20 +371,7 @@ class Accelerator {
   /// <accelerate/checkpoint/reflect.hpp>). The object is referred to: keep it alive.
   template <class T>
   void register_for_checkpointing(T& object) {
-    if constexpr (Stateful<T>) {
-      core_.checkpoint.push_back({detail::CheckpointEntry::Kind::custom,
-                                  [&object] { return object.state_dict(); },
-                                  [&object](const StateDict& s) { object.load_state_dict(s); }});
-    } else if constexpr (requires { checkpoint_adapter<T>::save(object); }) {
-      core_.checkpoint.push_back({detail::CheckpointEntry::Kind::custom,
-                                  [&object] { return checkpoint_adapter<T>::save(object); },
-                                  [&object](const StateDict& s) { checkpoint_adapter<T>::load(object, s); }});
-    } else {
-      static_assert(detail::dependent_false<T>,
-                    "accelerate::register_for_checkpointing: the object needs state_dict() and "
-                    "load_state_dict(const accelerate::StateDict&) members, or must be a "
-                    "Boost.Hana adapted struct with <accelerate/checkpoint/reflect.hpp> included");
-    }
+    core_.checkpoint.add_object(object);
   }
 
   // ---------------------------------------------------------------------------------------
@@ -413,7 +413,8 @@ class Accelerator {
   ///   acc.save_model(model, "out", {.max_shard_size = "1GB"});
   template <class Model>
   void save_model(const Model& model, const std::filesystem::path& dir, const SaveModelOptions& options = {}) {
-    if (is_main_process()) checkpoint::write_model_files(module_of(model), dir, options);
+    const auto state = distributed::full_model_state(engine_, module_of(model));  // collective when sharded
+    if (distributed::writes_replicated_state(engine_)) checkpoint::write_model_files(state, dir, options);
     wait_for_everyone();
   }
 
@@ -422,7 +423,7 @@ class Accelerator {
 
   /// Every object save_state/load_state visit, in order (models, optimizers, ... as prepared).
   const std::vector<detail::CheckpointEntry>& checkpoint_entries() const noexcept {
-    return core_.checkpoint;
+    return core_.checkpoint.objects();
   }
 
   // ---------------------------------------------------------------------------------------
@@ -500,7 +501,7 @@ class Accelerator {
                          double norm_type = 2.0) {
     if (!sync_gradients()) return 0.0;
     unscale_owners(params, "clip_grad_norm_");
-    return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
+    return distributed::clip_grad_norm(engine_, params, max_norm, norm_type);
   }
 
   /// Clamps every gradient element of `params` to [-value, value] (after unscaling, Fp16);
@@ -515,17 +516,15 @@ class Accelerator {
   // Collectives on tensors and nested containers (vectors, arrays, tuples, maps, Examples)
   // whose leaves are all tensors; a number or string leaf is a compile-time error (it could
   // only come back as this rank's own value). Other values travel as JSON through
-  // gather_object/broadcast_object. With one process each returns its input.
+  // gather_object/broadcast_object. With one process each returns its input. Each forwards to
+  // the free function of the same name in <accelerate/distributed/collectives.hpp>.
 
   /// Concatenates every process's tensors along dimension 0, in rank order. Sizes along
   /// dimension 0 may differ between processes.
+  /// Example: at::Tensor all_logits = acc.gather(logits);
   template <class T>
   T gather(const T& data) {
-    static_assert(data::tensors_only_v<T>,
-                  "accelerate::Accelerator::gather: every leaf must be a tensor; gather numbers, "
-                  "strings or structs with gather_object(value)");
-    if constexpr (!distributed) return data;
-    else return data::map_tensors(data, [&](const at::Tensor& t) { return gather_tensor(t); });
+    return distributed::gather(engine_, data);
   }
 
   /// Every process's `value`, in rank order, for any value nlohmann::json can serialise
@@ -535,21 +534,15 @@ class Accelerator {
   template <class T>
     requires(!data::tensors_only_v<T>)
   std::vector<T> gather_object(const T& value) {
-    if constexpr (!distributed) {
-      return {value};
-    } else {
-      std::vector<T> out;
-      for (const at::Tensor& part : gather_parts(object_bytes(value))) out.push_back(object_from_bytes<T>(part));
-      return out;
-    }
+    return distributed::gather_object(engine_, value);
   }
 
   /// Process `from`'s `value` on every process, for any value nlohmann::json can serialise.
+  /// Example: auto vocabulary = acc.broadcast_object(local_vocabulary);
   template <class T>
     requires(!data::tensors_only_v<T>)
   T broadcast_object(const T& value, int from = 0) {
-    if constexpr (!distributed) return value;
-    else return object_from_bytes<T>(broadcast_tensor(object_bytes(value), from));
+    return distributed::broadcast_object(engine_, value, from);
   }
 
   /// gather(), and on the last batch of a prepared dataloader being iterated drop the samples
@@ -563,116 +556,38 @@ class Accelerator {
   ///   std::vector<std::string> labels = acc.gather_for_metrics(batch_labels);  // strings: objects
   template <class T>
   auto gather_for_metrics(const T& data, const GatherForMetricsOptions& options = {}) {
-    const auto& state = core_.gradient_state;
-    const bool truncate = state.end_of_dataloader() && state.remainder() > 0;
-    const auto keep = state.remainder();
-    if constexpr (data::tensors_only_v<T>) {
-      ACCELERATE_CHECK(!options.use_gather_object, "gather_for_metrics: use_gather_object needs a value "
-                       "JSON can serialise; these are tensors (leave it false)");
-      T gathered = gather(data);
-      if (!truncate) return gathered;
-      return data::map_tensors(gathered, [&](const at::Tensor& t) {
-        return t.dim() > 0 && t.size(0) > keep ? t.narrow(0, 0, keep) : t;
-      });
-    } else if constexpr (data::detail::is_vector<T>::value) {
-      T gathered;
-      for (auto& part : gather_object(data)) gathered.insert(gathered.end(), part.begin(), part.end());
-      if (truncate && gathered.size() > static_cast<std::size_t>(keep)) gathered.resize(static_cast<std::size_t>(keep));
-      return gathered;
-    } else {
-      return gather_object(data);
-    }
+    return distributed::gather_for_metrics(engine_, core_.gradient_state, data, options);
   }
 
   /// Combines every process's tensors element-wise (sum, mean, max, min).
+  /// Example: at::Tensor correct = acc.reduce(local_correct, accelerate::Reduction::sum);
   template <class T>
   T reduce(const T& data, Reduction reduction = Reduction::sum) {
-    static_assert(data::tensors_only_v<T>,
-                  "accelerate::Accelerator::reduce: every leaf must be a tensor; a number or string "
-                  "would come back unreduced (wrap numbers in a tensor)");
-    if constexpr (!distributed) return data;
-    else
-      return data::map_tensors(data, [&](const at::Tensor& t) {
-        agree_on_layout(distributed::CollectiveKind::reduce, static_cast<int64_t>(reduction), t);
-        at::Tensor out = t.clone();
-        engine_.all_reduce(out, reduction);
-        return out;
-      });
+    return distributed::reduce(engine_, data, reduction);
   }
 
   /// Every process receives process `from`'s tensors (shapes and dtypes follow the sender).
+  /// Example: at::Tensor weights = acc.broadcast(local_weights, 0);
   template <class T>
   T broadcast(const T& data, int from = 0) {
-    static_assert(data::tensors_only_v<T>,
-                  "accelerate::Accelerator::broadcast: every leaf must be a tensor; broadcast numbers, "
-                  "strings or structs with broadcast_object(value)");
-    if constexpr (!distributed) return data;
-    else
-      return data::map_tensors(data, [&](const at::Tensor& t) { return broadcast_tensor(t, from); });
+    return distributed::broadcast(engine_, data, from);
   }
 
   /// Pads each tensor along `dim` with `pad_value` to the largest size across processes
   /// (before the data when `pad_first`), so they can be gathered.
+  /// Example: auto tokens = acc.pad_across_processes(local_tokens, 1, pad_id);
   template <class T>
-  T pad_across_processes(const T& data, int64_t dim = 0, double pad_value = 0,
-                         bool pad_first = false) {
-    static_assert(data::tensors_only_v<T>,
-                  "accelerate::Accelerator::pad_across_processes: every leaf must be a tensor");
-    if constexpr (!distributed) return data;
-    else
-      return data::map_tensors(data, [&](const at::Tensor& t) {
-        // Layouts first, so that a rank whose tensor has another rank fails with its peers
-        // instead of leaving them waiting.
-        const int64_t d = dim < 0 ? dim + t.dim() : dim;
-        const auto layouts = agree_on_layout(distributed::CollectiveKind::pad, dim, t, d);
-        ACCELERATE_CHECK(d >= 0 && d < t.dim(), "pad_across_processes: dim ", dim,
-                         " is out of range for a tensor of shape ", t.sizes());
-        int64_t target = 0;
-        for (const auto& layout : layouts) target = std::max(target, layout.shape[static_cast<std::size_t>(d)]);
-        if (target == t.size(d)) return t;
-        std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
-        shape[static_cast<std::size_t>(d)] = target;
-        at::Tensor out = at::full(shape, pad_value, t.options());
-        const int64_t offset = pad_first ? target - t.size(d) : 0;
-        out.narrow(d, offset, t.size(d)).copy_(t);
-        return out;
-      });
+  T pad_across_processes(const T& data, int64_t dim = 0, double pad_value = 0, bool pad_first = false) {
+    return distributed::pad_across_processes(engine_, data, dim, pad_value, pad_first);
   }
 
   /// This process's contiguous share of `inputs` (a vector or a tensor's rows): the first
   /// len % world processes get one extra item; with `apply_padding` every process gets
   /// ceil(len / world) items, the last item repeated.
+  /// Example: auto my_prompts = acc.split_between_processes(prompts);
   template <class T>
   T split_between_processes(const T& inputs, bool apply_padding = false) const {
-    const auto world = static_cast<std::size_t>(num_processes());
-    const auto rank = static_cast<std::size_t>(process_index());
-    auto slice_range = [&](std::size_t length) {
-      const std::size_t base = length / world, extra = length % world;
-      const std::size_t begin = rank * base + std::min(rank, extra);
-      const std::size_t count = base + (rank < extra ? 1 : 0);
-      return std::pair{begin, count};
-    };
-    if constexpr (std::is_same_v<T, at::Tensor>) {
-      const auto length = static_cast<std::size_t>(inputs.size(0));
-      auto [begin, count] = slice_range(length);
-      at::Tensor out = inputs.narrow(0, static_cast<int64_t>(begin), static_cast<int64_t>(count));
-      const std::size_t target = (length + world - 1) / world;
-      if (apply_padding && count < target && length > 0) {
-        std::vector<int64_t> repeats(static_cast<std::size_t>(inputs.dim()), 1);
-        repeats[0] = static_cast<int64_t>(target - count);
-        out = at::cat({out, inputs.narrow(0, static_cast<int64_t>(length) - 1, 1).repeat(repeats)});
-      }
-      return out;
-    } else {
-      const std::size_t length = inputs.size();
-      auto [begin, count] = slice_range(length);
-      T out(inputs.begin() + static_cast<std::ptrdiff_t>(begin),
-            inputs.begin() + static_cast<std::ptrdiff_t>(begin + count));
-      const std::size_t target = (length + world - 1) / world;
-      if (apply_padding && length > 0)
-        while (out.size() < target) out.push_back(inputs.back());
-      return out;
-    }
+    return distributed::split_between_processes(engine_, inputs, apply_padding);
   }
 
   // ---------------------------------------------------------------------------------------
@@ -790,8 +705,8 @@ class Accelerator {
     }
     if constexpr (precision_policy::uses_grad_scaler) precision_.scaler.unscale_(amp->params, *amp);
     if constexpr (clip_policy::kind == ClipKind::norm) {
-      clip_.last_norm = torch::nn::utils::clip_grad_norm_(checkpoint::optimizer_detail::all_params(optimizer),
-                                                          core_.options.max_norm, clip_policy::norm_type);
+      clip_.last_norm = distributed::clip_grad_norm(engine_, checkpoint::optimizer_detail::all_params(optimizer),
+                                                    core_.options.max_norm, clip_policy::norm_type);
     } else if constexpr (clip_policy::kind == ClipKind::value) {
       torch::nn::utils::clip_grad_value_(checkpoint::optimizer_detail::all_params(optimizer),
                                          core_.options.clip_value);
@@ -799,13 +714,13 @@ class Accelerator {
     if constexpr (precision_policy::uses_grad_scaler) {
       // Gradients are all-reduced before this point, so every rank sees the same inf/NaN.
       const bool skip = amp->found_inf.template item<float>() > 0;
-      if (!skip) optimizer.step();
+      if (!skip) distributed::step_optimizer(engine_, optimizer);
       amp->skipped = skip;
       precision_.step_skipped = skip;
       precision_.scaler.update(amp->found_inf);
       amp->unscaled = false;
     } else {
-      optimizer.step();
+      distributed::step_optimizer(engine_, optimizer);
     }
   }
 
@@ -877,17 +792,8 @@ class Accelerator {
     return {&core_.checkpoint,
             process_index(),
             num_processes(),
+            distributed::writes_replicated_state(engine_),
             fingerprint(core_.options),
-            [this] { return accumulation_state(); },
-            [this](const StateDict& s) { load_accumulation_state(s); },
-            [this]() -> std::optional<StateDict> {
-              if constexpr (precision_policy::uses_grad_scaler) return precision_.scaler.state_dict();
-              else return std::nullopt;
-            },
-            [this](const StateDict& s) {
-              if constexpr (precision_policy::uses_grad_scaler) precision_.scaler.load_state_dict(s);
-              else (void)s;
-            },
             [this] { wait_for_everyone(); }};
   }
 
@@ -940,15 +846,7 @@ class Accelerator {
     const std::string name = "model_" + std::to_string(count(detail::CheckpointEntry::Kind::model));
     auto sync = engine_.make_model_sync(*holder, name, core_.options);
     std::shared_ptr<torch::nn::Module> shared = detail::module_pointer(holder);
-    core_.checkpoint.push_back(
-        {detail::CheckpointEntry::Kind::model,
-         [shared] {
-           StateDict s;
-           for (auto& [key, value] : checkpoint::named_tensors(*shared)) s.tensors[key] = value;
-           return s;
-         },
-         [shared](const StateDict& s) { checkpoint::load_named_tensors(*shared, s.tensors, "the saved state"); },
-         [shared](const StateDict& s) { checkpoint::check_named_tensors(*shared, s.tensors, "the saved state"); }});
+    core_.checkpoint.add_model(std::move(shared));
     return PreparedModel<Holder, Accelerator>(std::move(holder), this, std::move(sync));
   }
 
@@ -968,10 +866,8 @@ class Accelerator {
     std::function<void(const StateDict&)> check;
     if constexpr (!Stateful<Optimizer>)
       check = [held](const StateDict& s) { checkpoint::check_optimizer_state_dict(*held, s); };
-    core_.checkpoint.push_back({detail::CheckpointEntry::Kind::optimizer,
-                                [prepared] { return prepared.state_dict(); },
-                                [prepared](const StateDict& s) mutable { prepared.load_state_dict(s); },
-                                std::move(check)});
+    core_.checkpoint.add(checkpoint::Entry::Kind::optimizer, checkpoint::EntryOwner::main_rank, prepared,
+                         std::move(check));
     return prepared;
   }
 
@@ -980,9 +876,7 @@ class Accelerator {
     auto held = detail::hold(std::forward<S>(scheduler));
     using Scheduler = typename decltype(held)::element_type;
     PreparedScheduler<Scheduler, Accelerator> prepared(held, this);
-    core_.checkpoint.push_back({detail::CheckpointEntry::Kind::scheduler,
-                                [prepared] { return prepared.state_dict(); },
-                                [prepared](const StateDict& s) mutable { prepared.load_state_dict(s); }});
+    core_.checkpoint.add(checkpoint::Entry::Kind::scheduler, checkpoint::EntryOwner::main_rank, prepared);
     return prepared;
   }
 
@@ -1033,15 +927,22 @@ class Accelerator {
                                        "prepare: " + name + " must have the same batch size, length and "
                                        "options on every rank");
     }
-    core_.checkpoint.push_back({detail::CheckpointEntry::Kind::dataloader,
-                                [loader] { return loader.state_dict(); },
-                                [loader](const StateDict& s) mutable { loader.load_state_dict(s); }});
+    core_.checkpoint.add(checkpoint::Entry::Kind::dataloader, checkpoint::EntryOwner::main_rank, loader);
     return loader;
   }
 
-  std::size_t count(detail::CheckpointEntry::Kind kind) const {
-    return static_cast<std::size_t>(std::count_if(core_.checkpoint.begin(), core_.checkpoint.end(),
-                                                  [&](const auto& e) { return e.kind == kind; }));
+  std::size_t count(detail::CheckpointEntry::Kind kind) const { return core_.checkpoint.count(kind); }
+
+  // The step states a checkpoint carries besides the objects: the grad scaler (one file,
+  // Fp16 only) and each rank's micro-step counter (beside its RNGs).
+  void register_step_states() {
+    if constexpr (precision_policy::uses_grad_scaler)
+      core_.checkpoint.add({checkpoint::Entry::Kind::scaler, checkpoint::EntryOwner::main_rank,
+                            [this] { return precision_.scaler.state_dict(); },
+                            [this](const StateDict& s) { precision_.scaler.load_state_dict(s); }});
+    core_.checkpoint.add({checkpoint::Entry::Kind::micro_step, checkpoint::EntryOwner::every_rank,
+                          [this] { return accumulation_state(); },
+                          [this](const StateDict& s) { load_accumulation_state(s); }});
   }
 
   /// A seed drawn from torch's CPU generator on rank 0 and shared by all ranks.
@@ -1115,71 +1016,6 @@ class Accelerator {
                              "; no gradient was computed and no parameter changed "
                              "(AcceleratorOptions::check_finite_loss). Lower the learning rate or check "
                              "this step's batch");
-  }
-
-  /// Every rank's tensor (rows may differ), in rank order.
-  std::vector<at::Tensor> gather_parts(const at::Tensor& t) {
-    const at::Tensor local = t.dim() == 0 ? t.reshape({1}) : t.contiguous();
-    int64_t max_rows = 0;
-    std::vector<int64_t> counts;
-    for (const auto& layout : agree_on_layout(distributed::CollectiveKind::gather, 0, local, 0)) {
-      counts.push_back(layout.shape[0]);
-      max_rows = std::max(max_rows, counts.back());
-    }
-    at::Tensor padded = local;
-    if (local.size(0) < max_rows) {
-      std::vector<int64_t> shape(local.sizes().begin(), local.sizes().end());
-      shape[0] = max_rows;
-      padded = at::zeros(shape, local.options());
-      padded.narrow(0, 0, local.size(0)).copy_(local);
-    }
-    std::vector<at::Tensor> parts = engine_.all_gather(padded);
-    for (std::size_t r = 0; r < parts.size(); ++r) parts[r] = parts[r].narrow(0, 0, counts[r]);
-    return parts;
-  }
-  at::Tensor gather_tensor(const at::Tensor& t) { return at::cat(gather_parts(t)); }
-
-  /// Every rank's layout of the tensor it passes to collective `kind`, after checking that they
-  /// agree (all but `free_dim`): a mismatch is an error on every rank, before any payload moves.
-  std::vector<distributed::TensorLayout> agree_on_layout(distributed::CollectiveKind kind, int64_t argument,
-                                                         const at::Tensor& t, int64_t free_dim = -1) {
-    const at::Tensor mine = distributed::encode_layout(kind, argument, t).to(core_.device);
-    std::vector<distributed::TensorLayout> layouts;
-    for (const auto& part : engine_.all_gather(mine)) layouts.push_back(distributed::decode_layout(part));
-    distributed::check_layouts(layouts, free_dim);
-    return layouts;
-  }
-
-  /// A value as CBOR bytes in a uint8 tensor on the device (NCCL takes no CPU tensors).
-  template <class T>
-  at::Tensor object_bytes(const T& value) {
-    const std::vector<std::uint8_t> bytes = nlohmann::json::to_cbor(nlohmann::json(value));
-    return at::tensor(at::ArrayRef<std::uint8_t>(bytes), at::kByte).to(core_.device);
-  }
-  template <class T>
-  static T object_from_bytes(const at::Tensor& tensor) {
-    const at::Tensor cpu = tensor.to(at::kCPU).contiguous();
-    const auto* begin = cpu.data_ptr<std::uint8_t>();
-    try {
-      return nlohmann::json::from_cbor(begin, begin + cpu.numel()).template get<T>();
-    } catch (const nlohmann::json::exception& e) {
-      detail::fail("object collective: a rank's value does not read back as the type expected here (",
-                   e.what(), "); every rank must pass the same type");
-    }
-  }
-
-  at::Tensor broadcast_tensor(const at::Tensor& t, int from) {
-    // Every rank's layout travels first: receivers learn the sender's shape and dtype, and all
-    // ranks agree on the root before any payload moves.
-    ACCELERATE_CHECK(from >= 0 && from < num_processes(), "broadcast: from = ", from,
-                     " is not a rank of this job (", num_processes(), " processes)");
-    const bool sender = process_index() == from;
-    const auto layouts = agree_on_layout(distributed::CollectiveKind::broadcast, from, t);
-    const auto& sent = layouts[static_cast<std::size_t>(from)];
-    at::Tensor out = sender ? t.contiguous().clone()
-                            : at::empty(sent.shape, at::TensorOptions().dtype(sent.dtype).device(core_.device));
-    engine_.broadcast(out, from);
-    return out;
   }
 
   [[no_unique_address]] engine_type engine_;

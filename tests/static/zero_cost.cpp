@@ -15,7 +15,7 @@ static_assert(std::is_same_v<Default, Accelerator<SingleProcess, Fp32, NoAccumul
 // The default accelerator carries no per-policy state: engine, accumulation, precision and
 // clip members are empty and overlap.
 static_assert(sizeof(Default) == sizeof(detail::CoreState));
-static_assert(std::is_empty_v<detail::LocalEngine>);
+static_assert(std::is_empty_v<distributed::LocalEngine>);
 static_assert(std::is_empty_v<detail::AccumulationState<NoAccumulation>>);
 static_assert(std::is_empty_v<detail::AccumulationState<Accumulate<1>>>);
 static_assert(std::is_empty_v<detail::PrecisionState<Fp32>>);
@@ -43,7 +43,7 @@ static_assert(std::is_same_v<decltype(std::declval<Accelerator<SingleProcess, Fp
                                           .accumulate()),
                              AlwaysSyncScope>);
 static_assert(std::is_empty_v<decltype(std::declval<Default&>().autocast())>);
-static_assert(std::is_empty_v<NoSyncScope<detail::NoModelSync, 0>>);
+static_assert(std::is_empty_v<NoSyncScope<distributed::NoModelSync, 0>>);
 static_assert(Default::accumulating == false && Default::distributed == false);
 static_assert(!Default::optimizer_needs_accelerator && !Default::scheduler_needs_accelerator);
 

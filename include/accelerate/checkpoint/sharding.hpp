@@ -139,9 +139,11 @@ inline constexpr const char* save_id_key = "accelerate_save_id";
 /// folder's place in one rename; a crash at any moment leaves the old model or the new one,
 /// never a mix. Shards and index also carry one save id, so a loader refuses shards that do
 /// not belong together.
-inline std::vector<std::filesystem::path> write_model_files(const torch::nn::Module& module,
-                                                            const std::filesystem::path& dir,
-                                                            const SaveModelOptions& options = {}) {
+/// This overload takes the tensors themselves (names in state_dict order), e.g. gathered
+/// from shards; the other takes them from a module.
+inline std::vector<std::filesystem::path> write_model_files(
+    const std::vector<std::pair<std::string, at::Tensor>>& state, const std::filesystem::path& dir,
+    const SaveModelOptions& options = {}) {
   namespace fs = std::filesystem;
   ACCELERATE_CHECK(options.safe_serialization,
                    "save_model: safe_serialization=false would write a pickle (pytorch_model.bin); "
@@ -153,7 +155,6 @@ inline std::vector<std::filesystem::path> write_model_files(const torch::nn::Mod
   if (target.filename().empty()) target = target.parent_path();  // "out/"
   ACCELERATE_CHECK(target != target.root_path() && target != fs::current_path(), "save_model: ", dir.string(),
                    " is the current folder or the root; give the model a folder of its own");
-  const auto state = named_tensors(module);
   std::map<std::string, std::string> tied;
   const auto shards = split_into_shards(state, shard_size_bytes(options.max_shard_size), &tied);
   std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
@@ -214,6 +215,12 @@ inline std::vector<std::filesystem::path> write_model_files(const torch::nn::Mod
     fs::remove_all(staging, ignored);
     throw;
   }
+}
+
+inline std::vector<std::filesystem::path> write_model_files(const torch::nn::Module& module,
+                                                            const std::filesystem::path& dir,
+                                                            const SaveModelOptions& options = {}) {
+  return write_model_files(named_tensors(module), dir, options);
 }
 
 /// A model.safetensors.index.json as read: tensor names grouped by shard file, and the save id

@@ -32,6 +32,7 @@
 #include <accelerate/checkpoint/atomic_dir.hpp>
 #include <accelerate/checkpoint/files.hpp>
 #include <accelerate/checkpoint/project.hpp>
+#include <accelerate/checkpoint/registry.hpp>
 #include <accelerate/checkpoint/safetensors.hpp>
 #include <accelerate/checkpoint/stateful.hpp>
 #include <accelerate/detail/check.hpp>
@@ -44,9 +45,10 @@ namespace accelerate::checkpoint {
 inline constexpr const char* state_format = "accelerate-cpp/state/1";
 
 /// Accelerate's file stem for the index-th object of a kind ("model", "model_1",
-/// "dl_state_dict", "custom_checkpoint_0" ...).
-inline std::string state_stem(detail::CheckpointEntry::Kind kind, std::size_t index) {
-  using Kind = detail::CheckpointEntry::Kind;
+/// "dl_state_dict", "custom_checkpoint_0", "scaler" ...). The micro-step counter has none: it
+/// travels in each rank's random_states_<rank>.
+inline std::string state_stem(Entry::Kind kind, std::size_t index) {
+  using Kind = Entry::Kind;
   const auto numbered = [&](const char* base) {
     return index == 0 ? std::string(base) : std::string(base) + "_" + std::to_string(index);
   };
@@ -56,18 +58,28 @@ inline std::string state_stem(detail::CheckpointEntry::Kind kind, std::size_t in
     case Kind::scheduler: return numbered("scheduler");
     case Kind::dataloader: return numbered("dl_state_dict");
     case Kind::custom: return "custom_checkpoint_" + std::to_string(index);
+    case Kind::scaler: return numbered("scaler");
+    case Kind::micro_step: return "random_states";
   }
   return "unknown";
 }
 
-inline const char* kind_name(detail::CheckpointEntry::Kind kind) {
-  using Kind = detail::CheckpointEntry::Kind;
+/// The file stem of an entry: its kind's stem, with "_rank<r>" for state each rank owns.
+inline std::string entry_stem(const Entry& entry, std::size_t index, int rank) {
+  const std::string stem = state_stem(entry.kind, index);
+  return entry.owner == EntryOwner::every_rank ? stem + "_rank" + std::to_string(rank) : stem;
+}
+
+inline const char* kind_name(Entry::Kind kind) {
+  using Kind = Entry::Kind;
   switch (kind) {
     case Kind::model: return "model";
     case Kind::optimizer: return "optimizer";
     case Kind::scheduler: return "scheduler";
     case Kind::dataloader: return "dataloader";
     case Kind::custom: return "custom";
+    case Kind::scaler: return "scaler";
+    case Kind::micro_step: return "micro_step";
   }
   return "unknown";
 }
@@ -183,14 +195,13 @@ namespace accelerate::checkpoint {
 
 /// What the accelerator hands to save_state/load_state.
 struct StateSources {
-  const std::vector<detail::CheckpointEntry>* entries;
+  const Registry* registry;  // what to save and restore
   int rank;
   int world_size;
-  std::string configuration;                          // compile-time fingerprint
-  std::function<StateDict()> save_accumulation;       // micro-step counter
-  std::function<void(const StateDict&)> load_accumulation;
-  std::function<std::optional<StateDict>()> save_scaler;  // nullopt without a grad scaler
-  std::function<void(const StateDict&)> load_scaler;
+  /// Whether this rank writes the state every rank holds alike (the engine's
+  /// writes_replicated_state: the main process for data parallel).
+  bool writes_replicated_state;
+  std::string configuration;  // compile-time fingerprint
   std::function<void()> barrier;
 };
 
@@ -233,19 +244,24 @@ inline std::filesystem::path save_state(const StateSources& src, ProjectConfigur
   src.barrier();
   const fs::path staging = staging_path(target);
 
-  std::map<detail::CheckpointEntry::Kind, std::size_t> counts;
-  if (main) {
-    for (const auto& entry : *src.entries) {
-      const std::string stem = state_stem(entry.kind, counts[entry.kind]++);
-      const bool model = entry.kind == detail::CheckpointEntry::Kind::model;
-      write_state_files(staging, stem, entry.save(),
+  // Objects and the scaler get a file each, written by the ranks that own them; this rank's
+  // own step states (the micro-step counter) join its RNGs in random_states_<rank>.
+  std::map<Entry::Kind, std::size_t> counts;
+  StateDict per_rank = rng_state();
+  for (const auto* list : {&src.registry->objects(), &src.registry->step_states()}) {
+    for (const auto& entry : *list) {
+      const std::size_t index = counts[entry.kind]++;
+      if (entry.kind == Entry::Kind::micro_step) {
+        per_rank.values.update(entry.save().values);
+        continue;
+      }
+      if (entry.owner == EntryOwner::main_rank && !src.writes_replicated_state) continue;
+      const bool model = entry.kind == Entry::Kind::model;
+      write_state_files(staging, entry_stem(entry, index, src.rank), entry.save(),
                         model ? std::map<std::string, std::string>{{"format", "pt"}}
                               : std::map<std::string, std::string>{});
     }
-    if (auto scaler = src.save_scaler()) write_state_files(staging, "scaler", *scaler);
   }
-  StateDict per_rank = rng_state();
-  per_rank.values = src.save_accumulation().values;
   write_state_files(staging, "random_states_" + std::to_string(src.rank), per_rank);
   src.barrier();
 
@@ -257,7 +273,8 @@ inline std::filesystem::path save_state(const StateSources& src, ProjectConfigur
       files[file.path().filename().string()] = {{"bytes", fs::file_size(file.path())},
                                                 {"checksum", file_checksum(file.path(), "save_state")}};
     nlohmann::json objects = nlohmann::json::object();
-    for (const auto& [kind, n] : counts) objects[kind_name(kind)] = n;
+    for (const auto& [kind, n] : counts)
+      if (kind != Entry::Kind::scaler && kind != Entry::Kind::micro_step) objects[kind_name(kind)] = n;
     write_json_file(staging / std::string(manifest_name),
                     {{"format", state_format},
                      {"library", std::string("accelerate-cpp ") + version_string},
@@ -306,7 +323,7 @@ inline std::filesystem::path load_state(const StateSources& src, ProjectConfigur
                                         const std::optional<std::filesystem::path>& dir,
                                         const LoadStateOptions& options = {}) {
   namespace fs = std::filesystem;
-  using Kind = detail::CheckpointEntry::Kind;
+  using Kind = Entry::Kind;
   const fs::path source = dir ? *dir : latest_checkpoint(project);
   ACCELERATE_CHECK(path_kind(source, "load_state") == PathKind::directory, "load_state: ", source.string(),
                    " is not a folder");
@@ -342,7 +359,7 @@ inline std::filesystem::path load_state(const StateSources& src, ProjectConfigur
       }
     }
     std::map<Kind, std::size_t> here;
-    for (const auto& entry : *src.entries) ++here[entry.kind];
+    for (const auto& entry : src.registry->objects()) ++here[entry.kind];
     const auto& saved = manifest.at("objects");
     for (const Kind kind : {Kind::model, Kind::optimizer, Kind::scheduler, Kind::dataloader, Kind::custom}) {
       const auto n = saved.value(kind_name(kind), std::size_t{0});
@@ -368,30 +385,6 @@ inline std::filesystem::path load_state(const StateSources& src, ProjectConfigur
   };
 
   // 1. Read everything and check what can be checked without changing anything.
-  struct Pending {
-    const detail::CheckpointEntry* entry;
-    std::string files;
-    StateDict state;
-  };
-  std::vector<Pending> pending;
-  std::map<Kind, std::size_t> counts;
-  for (const auto& entry : *src.entries) {
-    const std::string stem = state_stem(entry.kind, counts[entry.kind]++);
-    const bool tensors = path_exists(source / (stem + ".safetensors"), "load_state");
-    const bool values = path_exists(source / (stem + ".json"), "load_state");
-    Pending p{&entry, (source / stem).string() +
-                          (tensors && values ? ".{safetensors,json}" : tensors ? ".safetensors" : ".json"), {}};
-    with_files(p.files, [&] {
-      p.state = read_state_files(source, stem);
-      if (entry.check) entry.check(p.state);
-    });
-    pending.push_back(std::move(p));
-  }
-  std::optional<StateDict> scaler;
-  if (src.save_scaler()) {
-    const std::string files = (source / "scaler").string() + ".json";
-    with_files(files, [&] { scaler = read_state_files(source, "scaler"); });
-  }
   const std::string rng_stem = "random_states_" + std::to_string(src.rank);
   const std::string rng_files = (source / rng_stem).string() + ".{safetensors,json}";
   StateDict per_rank;
@@ -399,6 +392,32 @@ inline std::filesystem::path load_state(const StateSources& src, ProjectConfigur
     per_rank = read_state_files(source, rng_stem);
     check_rng_state(per_rank, (source / rng_stem).string() + ".safetensors");
   });
+  struct Pending {
+    const Entry* entry;
+    std::string files;
+    StateDict state;
+  };
+  std::vector<Pending> pending;  // objects, then step states: the order restores follow
+  std::map<Kind, std::size_t> counts;
+  for (const auto* list : {&src.registry->objects(), &src.registry->step_states()}) {
+    for (const auto& entry : *list) {
+      const std::size_t index = counts[entry.kind]++;
+      if (entry.kind == Kind::micro_step) {  // in random_states_<rank>, read above
+        pending.push_back({&entry, rng_files, per_rank});
+        continue;
+      }
+      const std::string stem = entry_stem(entry, index, src.rank);
+      const bool tensors = path_exists(source / (stem + ".safetensors"), "load_state");
+      const bool values = path_exists(source / (stem + ".json"), "load_state");
+      Pending p{&entry, (source / stem).string() +
+                            (tensors && values ? ".{safetensors,json}" : tensors ? ".safetensors" : ".json"), {}};
+      with_files(p.files, [&] {
+        p.state = read_state_files(source, stem);
+        if (entry.check) entry.check(p.state);
+      });
+      pending.push_back(std::move(p));
+    }
+  }
 
   // 2. Restore, undoing on failure. Entries with a check cannot fail and come last.
   auto deep_copy = [](StateDict s) {
@@ -412,12 +431,6 @@ inline std::filesystem::path load_state(const StateSources& src, ProjectConfigur
       undo.push_back([entry = p.entry, snapshot = deep_copy(p.entry->save())] { entry->load(snapshot); });
       with_files(p.files, [&] { p.entry->load(p.state); });
     }
-    if (scaler) {
-      undo.push_back([&src, snapshot = *src.save_scaler()] { src.load_scaler(snapshot); });
-      with_files((source / "scaler").string() + ".json", [&] { src.load_scaler(*scaler); });
-    }
-    undo.push_back([&src, snapshot = src.save_accumulation()] { src.load_accumulation(snapshot); });
-    with_files(rng_files, [&] { src.load_accumulation(per_rank); });
   } catch (const std::exception& e) {
     // Every restore is tried; one that fails too is named with the original error.
     std::string also;

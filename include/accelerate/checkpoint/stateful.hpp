@@ -41,22 +41,6 @@ struct StateDict {
 template <class T, class Enable = void>
 struct checkpoint_adapter {};
 
-namespace detail {
-
-/// One object save_state/load_state visit: a prepared model, optimizer, scheduler or
-/// dataloader, or a registered object, with how to read and restore its state. `check`, when
-/// set, finds every problem `load` would meet without changing anything (load_state applies
-/// such entries last, so it never has to undo them).
-struct CheckpointEntry {
-  enum class Kind { model, optimizer, scheduler, dataloader, custom };
-  Kind kind;
-  std::function<StateDict()> save;
-  std::function<void(const StateDict&)> load;
-  std::function<void(const StateDict&)> check = {};
-};
-
-}  // namespace detail
-
 /// An object that saves and restores itself through a StateDict.
 template <class T>
 concept Stateful = requires(T& object, const T& const_object, const StateDict& state) {

@@ -8,11 +8,17 @@ struct BackendSlot;
 struct PrecisionSlot;
 struct AccumulationSlot;
 struct ClipSlot;
+/// The engine named by `backend_engine<B>` for a Backend policy B.
+struct BackendEngineSlot;
 
 /// Never defined: naming it prints `Slot` and the offending type `T` in the compiler's output
 /// (the trick {fmt} uses with `type_is_unformattable_for`).
 template <class Slot, class T>
 struct rejected_policy;
+
+/// False, but only once T is known: a static_assert in a discarded `if constexpr` branch.
+template <class T>
+inline constexpr bool dependent_false = false;
 
 /// Never defined: a type given to prepare() that is not a model, optimizer, scheduler or data.
 template <class T>

@@ -39,9 +39,7 @@ class Communicator {
     agree(CollectiveOp::all_reduce, &tensor, static_cast<std::int64_t>(sent));
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions options;
-    options.reduceOp = reduction == Reduction::max   ? c10d::ReduceOp::MAX
-                       : reduction == Reduction::min ? c10d::ReduceOp::MIN
-                                                     : c10d::ReduceOp::SUM;
+    options.reduceOp = to_reduce_op(sent);
     wait(backend_->allreduce(tensors, options), "all_reduce");
     count(stats_.allreduce, tensor);
     if (reduction == Reduction::mean) {
@@ -81,6 +79,29 @@ class Communicator {
     wait(backend_->allgather(outputs, inputs), "all_gather");
     count(stats_.allgather, input);
     return outputs[0];
+  }
+
+  /// This rank's slice of the element-wise reduction of `tensor` across ranks: dimension 0 is
+  /// split into world_size equal slices and rank r receives slice r (c10d's
+  /// reduce_scatter_tensor). Dimension 0 must be divisible by the world size.
+  at::Tensor reduce_scatter(const at::Tensor& tensor, Reduction reduction) {
+    ACCELERATE_CHECK(tensor.dim() > 0 && tensor.size(0) % world_size_ == 0, "reduce_scatter: dimension 0 of a "
+                     "tensor of shape ", tensor.sizes(), " does not split into ", world_size_, " equal slices");
+    at::Tensor input = tensor.contiguous();
+    const Reduction sent = reduction == Reduction::mean ? Reduction::sum : reduction;
+    agree(CollectiveOp::reduce_scatter, &input, static_cast<std::int64_t>(sent));
+    std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
+    shape[0] /= world_size_;
+    at::Tensor output = at::empty(shape, input.options());
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = to_reduce_op(sent);
+    wait(backend_->_reduce_scatter_base(output, input, options), "reduce_scatter");
+    count(stats_.reduce_scatter, input);
+    if (reduction == Reduction::mean) {
+      if (output.is_floating_point()) output.div_(world_size_);
+      else output.floor_divide_(world_size_);
+    }
+    return output;
   }
 
   void barrier() {
@@ -129,13 +150,20 @@ class Communicator {
   }
 
  private:
-  enum class CollectiveOp : std::int64_t { all_reduce = 1, broadcast, all_gather, barrier };
+  static c10d::ReduceOp to_reduce_op(Reduction reduction) {
+    return reduction == Reduction::max   ? c10d::ReduceOp::MAX
+           : reduction == Reduction::min ? c10d::ReduceOp::MIN
+                                         : c10d::ReduceOp::SUM;  // mean: a sum, then divided
+  }
+
+  enum class CollectiveOp : std::int64_t { all_reduce = 1, broadcast, all_gather, barrier, reduce_scatter };
   static const char* op_name(std::int64_t op) {
     switch (static_cast<CollectiveOp>(op)) {
       case CollectiveOp::all_reduce: return "all_reduce";
       case CollectiveOp::broadcast: return "broadcast";
       case CollectiveOp::all_gather: return "all_gather";
       case CollectiveOp::barrier: return "barrier";
+      case CollectiveOp::reduce_scatter: return "reduce_scatter";
     }
     return "an unknown collective";
   }
@@ -144,7 +172,9 @@ class Communicator {
     if (static_cast<CollectiveOp>(d[0]) == CollectiveOp::barrier) return out;
     out += " of " + std::to_string(d[2]) + " " + c10::toString(static_cast<at::ScalarType>(d[1])) + " elements";
     if (static_cast<CollectiveOp>(d[0]) == CollectiveOp::broadcast) out += " from rank " + std::to_string(d[3]);
-    else if (static_cast<CollectiveOp>(d[0]) == CollectiveOp::all_reduce) out += " (reduction " + std::to_string(d[3]) + ")";
+    else if (static_cast<CollectiveOp>(d[0]) == CollectiveOp::all_reduce ||
+             static_cast<CollectiveOp>(d[0]) == CollectiveOp::reduce_scatter)
+      out += " (reduction " + std::to_string(d[3]) + ")";
     return out;
   }
 

@@ -55,6 +55,7 @@ namespace accelerate::detail {
 template <>
 struct backend_engine<Nccl> {
   using type = distributed::ProcessGroupEngine<distributed::NcclFactory>;
+  static_assert(distributed::BackendEngine<type>);
 };
 
 }  // namespace accelerate::detail

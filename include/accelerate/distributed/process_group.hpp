@@ -23,6 +23,7 @@
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/env.hpp>
 #include <accelerate/distributed/communicator.hpp>
+#include <accelerate/distributed/engine.hpp>
 #include <accelerate/distributed/process_environment.hpp>
 #include <accelerate/distributed/heartbeat.hpp>
 #include <accelerate/distributed/reducer.hpp>
@@ -120,7 +121,7 @@ class ProcessGroupEngine {
   using ModelSync = ReducerHandle;
 
   ProcessGroupEngine(const AcceleratorOptions& options, std::string_view fingerprint)
-      : env_(detect_environment()), timeout_(options.timeout) {
+      : env_(detect_environment()), timeout_(options.timeout), collective_device_(Factory::device(env_, options)) {
     if (!env_.launched()) return;
     const bool verify = options.verify_collectives || debug_mode_from_environment();
     std::ostringstream description;
@@ -155,6 +156,7 @@ class ProcessGroupEngine {
   int local_world_size() const noexcept { return env_.local_world_size; }
   const ProcessEnvironment& environment() const noexcept { return env_; }
   c10::Device device(const AcceleratorOptions& options) const { return Factory::device(env_, options); }
+  c10::Device collective_device() const noexcept { return collective_device_; }
 
   void barrier() {
     if (comm_) comm_->barrier();
@@ -168,6 +170,10 @@ class ProcessGroupEngine {
   std::vector<at::Tensor> all_gather(const at::Tensor& tensor) {
     if (!comm_) return {tensor};
     return comm_->all_gather(tensor);
+  }
+  at::Tensor reduce_scatter(const at::Tensor& tensor, Reduction reduction) {
+    if (!comm_) return tensor.clone();
+    return comm_->reduce_scatter(tensor, reduction);
   }
   CommStats stats() const { return comm_ ? comm_->stats() : CommStats{}; }
 
@@ -230,6 +236,7 @@ class ProcessGroupEngine {
 
   ProcessEnvironment env_;
   std::chrono::milliseconds timeout_;
+  c10::Device collective_device_;
   compat::StorePtr store_;
   std::shared_ptr<Heartbeat> heartbeat_;
   std::shared_ptr<Communicator> comm_;
@@ -242,6 +249,7 @@ namespace accelerate::detail {
 template <>
 struct backend_engine<Gloo> {
   using type = distributed::ProcessGroupEngine<distributed::GlooFactory>;
+  static_assert(distributed::BackendEngine<type>);
 };
 
 }  // namespace accelerate::detail

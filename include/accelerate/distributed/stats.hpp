@@ -33,6 +33,8 @@ struct CommStats {
   /// Backward passes whose gradients were synchronised (one per optimizer step with
   /// accumulation; each may use several bucket all-reduces).
   std::uint64_t grad_sync_rounds = 0;
+  /// reduce_scatter calls and their input bytes (sharded backends: gradients to their owners).
+  CollectiveCount reduce_scatter;
 
   friend bool operator==(const CommStats&, const CommStats&) = default;
 };
@@ -41,7 +43,8 @@ inline std::ostream& operator<<(std::ostream& out, const CommStats& s) {
   return out << "allreduce " << s.allreduce.calls << " calls/" << s.allreduce.bytes
              << " B, broadcast " << s.broadcast.calls << "/" << s.broadcast.bytes << " B, allgather "
              << s.allgather.calls << "/" << s.allgather.bytes << " B, barrier " << s.barrier.calls
-             << ", gradient sync rounds " << s.grad_sync_rounds;
+             << ", reduce_scatter " << s.reduce_scatter.calls << "/" << s.reduce_scatter.bytes
+             << " B, gradient sync rounds " << s.grad_sync_rounds;
 }
 
 }  // namespace accelerate

@@ -61,8 +61,8 @@ namespace detail {
 template <class B>
 inline constexpr bool always_false = false;
 
-/// The engine behind a Backend policy. SingleProcess's engine is defined in
-/// <accelerate/detail/local_engine.hpp>; Gloo's and Nccl's in distributed/. The primary
+/// The engine behind a Backend policy (a distributed::BackendEngine). SingleProcess's is in
+/// <accelerate/distributed/local_engine.hpp>; Gloo's and Nccl's in distributed/. The primary
 /// template only explains which header is missing.
 template <class B>
 struct backend_engine {

@@ -1,7 +1,7 @@
 // The engine behind SingleProcess: one process, collectives are identities, nothing to sync.
+// An empty type (tests/static/zero_cost.cpp): a one-process Accelerator pays for no engine.
 #pragma once
 
-#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -11,11 +11,13 @@
 #include <torch/cuda.h>
 #include <torch/nn/module.h>
 
+#include <accelerate/distributed/engine.hpp>
+#include <accelerate/distributed/reduction.hpp>
 #include <accelerate/distributed/stats.hpp>
 #include <accelerate/options.hpp>
 #include <accelerate/policy/backend.hpp>
 
-namespace accelerate::detail {
+namespace accelerate::distributed {
 
 /// What a prepared model keeps for gradient synchronisation with one process: nothing.
 struct NoModelSync {
@@ -23,7 +25,10 @@ struct NoModelSync {
   static constexpr bool sync_enabled() noexcept { return true; }
 };
 
-/// Engine of SingleProcess. Empty: rank 0 of 1, every collective returns its input.
+/// Engine of SingleProcess: rank 0 of 1; each collective leaves its input as it is (a
+/// reduce_scatter's one slice is the whole tensor).
+/// Example:
+///   accelerate::distributed::LocalEngine engine({}, "");  engine.world_size();  // 1
 struct LocalEngine {
   static constexpr bool distributed = false;
   using ModelSync = NoModelSync;
@@ -40,9 +45,15 @@ struct LocalEngine {
     if (!options.cpu && torch::cuda::is_available()) return {c10::kCUDA, 0};
     return {c10::kCPU};
   }
+  static c10::Device collective_device() noexcept { return {c10::kCPU}; }
 
   static constexpr void barrier() noexcept {}
+  static void all_reduce(at::Tensor&, Reduction) noexcept {}
+  static void broadcast(at::Tensor&, int) noexcept {}
+  static std::vector<at::Tensor> all_gather(const at::Tensor& tensor) { return {tensor}; }
+  static at::Tensor reduce_scatter(const at::Tensor& tensor, Reduction) { return tensor.clone(); }
   static constexpr CommStats stats() noexcept { return {}; }
+  static void check_same_on_every_rank(const std::string&, const std::string&, const std::string&) noexcept {}
 
   static NoModelSync make_model_sync(torch::nn::Module&, const std::string& /*model name*/,
                                      const AcceleratorOptions&) {
@@ -50,9 +61,15 @@ struct LocalEngine {
   }
 };
 
+static_assert(BackendEngine<LocalEngine>);
+
+}  // namespace accelerate::distributed
+
+namespace accelerate::detail {
+
 template <>
 struct backend_engine<SingleProcess> {
-  using type = LocalEngine;
+  using type = distributed::LocalEngine;
 };
 
 }  // namespace accelerate::detail

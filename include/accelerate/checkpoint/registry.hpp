@@ -1,0 +1,126 @@
+// The checkpoint registry: everything save_state/load_state visit, each entry a Stateful
+// handle with its kind (which names its file) and its owner (which rank writes it). Prepared
+// models, optimizers, schedulers and dataloaders, registered user objects, the grad scaler and
+// the micro-step counter all enter through the same two calls, so a new kind of state (a
+// sharded optimizer's per-rank shard, say) is one more `add`.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/module.h>
+
+#include <accelerate/checkpoint/module_state.hpp>
+#include <accelerate/checkpoint/stateful.hpp>
+#include <accelerate/detail/check.hpp>
+#include <accelerate/detail/diagnostics.hpp>
+
+namespace accelerate::checkpoint {
+
+/// Which rank writes an entry.
+enum class EntryOwner {
+  /// State every rank holds alike: one file, written by the rank(s) the engine names
+  /// (distributed::writes_replicated_state; the main process for data parallel) and read
+  /// by every rank.
+  main_rank,
+  /// This rank's own state: written by every rank into random_states_<rank>, beside its RNGs.
+  every_rank,
+};
+
+/// One object save_state/load_state visit, with how to read and restore its state. `check`,
+/// when set, finds every problem `load` would meet without changing anything (load_state
+/// applies such entries last, so it never has to undo them).
+struct Entry {
+  /// What the entry is: it names its file (state_stem) and is counted in the manifest.
+  /// `scaler` and `micro_step` are the accelerator's own step states, not user objects.
+  enum class Kind { model, optimizer, scheduler, dataloader, custom, scaler, micro_step };
+  Kind kind;
+  EntryOwner owner = EntryOwner::main_rank;
+  std::function<StateDict()> save;
+  std::function<void(const StateDict&)> load;
+  std::function<void(const StateDict&)> check = {};
+};
+
+/// Everything a checkpoint holds, in registration order.
+/// Example:
+///   accelerate::checkpoint::Registry registry;
+///   registry.add(Entry::Kind::custom, EntryOwner::main_rank, std::ref(ema));  // any Stateful
+class Registry {
+ public:
+  /// Adds a Stateful `handle` (held by value: prepared objects are handles; wrap a plain
+  /// object in std::ref to refer to it).
+  template <class Handle>
+  void add(Entry::Kind kind, EntryOwner owner, Handle handle, std::function<void(const StateDict&)> check = {}) {
+    auto shared = std::make_shared<Handle>(std::move(handle));
+    add({kind, owner, [shared] { return object(*shared).state_dict(); },
+         [shared](const StateDict& s) { object(*shared).load_state_dict(s); }, std::move(check)});
+  }
+
+  /// Adds an entry made by hand.
+  void add(Entry entry) {
+    const bool step_state = entry.kind == Entry::Kind::scaler || entry.kind == Entry::Kind::micro_step;
+    (step_state ? step_states_ : objects_).push_back(std::move(entry));
+  }
+
+  /// Adds a model: its parameters and buffers by name, all checked before any is loaded.
+  void add_model(std::shared_ptr<torch::nn::Module> module) {
+    add({Entry::Kind::model, EntryOwner::main_rank,
+         [module] {
+           StateDict s;
+           for (auto& [key, value] : named_tensors(*module)) s.tensors[key] = value;
+           return s;
+         },
+         [module](const StateDict& s) { load_named_tensors(*module, s.tensors, "the saved state"); },
+         [module](const StateDict& s) { check_named_tensors(*module, s.tensors, "the saved state"); }});
+  }
+
+  /// Adds a user object by reference: anything Stateful, or a type with a checkpoint_adapter
+  /// (Boost.Hana adapted structs, with <accelerate/checkpoint/reflect.hpp>).
+  template <class T>
+  void add_object(T& object) {
+    if constexpr (Stateful<T>) {
+      add(Entry::Kind::custom, EntryOwner::main_rank, std::ref(object));
+    } else if constexpr (requires { checkpoint_adapter<T>::save(object); }) {
+      add({Entry::Kind::custom, EntryOwner::main_rank, [&object] { return checkpoint_adapter<T>::save(object); },
+           [&object](const StateDict& s) { checkpoint_adapter<T>::load(object, s); }});
+    } else {
+      static_assert(detail::dependent_false<T>,
+                    "accelerate::register_for_checkpointing: the object needs state_dict() and "
+                    "load_state_dict(const accelerate::StateDict&) members, or must be a "
+                    "Boost.Hana adapted struct with <accelerate/checkpoint/reflect.hpp> included");
+    }
+  }
+
+  /// Models, optimizers, schedulers, dataloaders and user objects, in registration order.
+  const std::vector<Entry>& objects() const noexcept { return objects_; }
+  /// The accelerator's step states (grad scaler, micro-step counter).
+  const std::vector<Entry>& step_states() const noexcept { return step_states_; }
+
+  /// How many entries of `kind` there are.
+  std::size_t count(Entry::Kind kind) const {
+    const auto& list = kind == Entry::Kind::scaler || kind == Entry::Kind::micro_step ? step_states_ : objects_;
+    return static_cast<std::size_t>(
+        std::count_if(list.begin(), list.end(), [&](const Entry& e) { return e.kind == kind; }));
+  }
+
+ private:
+  template <class Handle>
+  static auto& object(Handle& handle) {
+    if constexpr (requires { handle.get(); typename Handle::type; }) return handle.get();  // std::reference_wrapper
+    else return handle;
+  }
+
+  std::vector<Entry> objects_;
+  std::vector<Entry> step_states_;
+};
+
+}  // namespace accelerate::checkpoint
+
+namespace accelerate::detail {
+/// The registry's entry under the name the accelerator's first versions used.
+using CheckpointEntry = checkpoint::Entry;
+}  // namespace accelerate::detail

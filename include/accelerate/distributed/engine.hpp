@@ -1,0 +1,122 @@
+// The engine concept: what every Backend policy's engine provides (where this process is, the
+// collectives, the model-sync type), and the customisation points where a sharded engine
+// differs from replicated data parallel. Each hook's default is DDP's behaviour, so an engine
+// that replicates the model writes none of them.
+//
+// Adding a backend = a tag modelling BackendPolicy (policy/backend.hpp), an engine modelling
+// BackendEngine, and `detail::backend_engine<Tag>` naming it; the conformance suite
+// (tests/distributed/engine_conformance_test.cpp) proves the engine with one line.
+#pragma once
+
+#include <concepts>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/core/Device.h>
+#include <torch/nn/module.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <accelerate/checkpoint/module_state.hpp>
+#include <accelerate/distributed/reduction.hpp>
+#include <accelerate/distributed/stats.hpp>
+#include <accelerate/options.hpp>
+
+namespace accelerate::distributed {
+
+/// What a prepared model keeps to switch its gradient synchronisation on and off (no_sync,
+/// accumulation). `set_sync(false)` makes the next backward leave gradients local.
+template <class S>
+concept ModelSync = std::movable<S> && requires(S& sync, const S& csync, bool enabled) {
+  sync.set_sync(enabled);
+  { csync.sync_enabled() } -> std::convertible_to<bool>;
+};
+
+/// The engine behind a Backend policy. Built once per Accelerator from the options and the
+/// configuration fingerprint (which every rank must share), it answers:
+///   - where this process is: rank(), world_size(), local_rank(), local_world_size(), and
+///     device(options), the device models and batches go to;
+///   - collective_device(): where the tensors its collectives take must live (CPU for Gloo,
+///     this rank's GPU for NCCL);
+///   - the collectives, all in place or returning new tensors, every rank calling them in the
+///     same order: barrier(); all_reduce(t, reduction); broadcast(t, root); all_gather(t) ->
+///     every rank's copy in rank order; reduce_scatter(t, reduction) -> this rank's
+///     1/world_size slice (along dimension 0) of the element-wise reduction;
+///   - stats(): calls and bytes per collective kind;
+///   - check_same_on_every_rank(key, value, subject): an error on every rank when `value`
+///     differs (prepare compares loaders and models with it before any collective);
+///   - make_model_sync(module, name, options): what a prepared model keeps (a ModelSync).
+/// `distributed` says whether any of it talks to another process; when false the
+/// accelerator's collectives return their input at compile time.
+/// Example (a new engine proves itself against the conformance suite):
+///   static_assert(accelerate::distributed::BackendEngine<MyEngine>);
+template <class E>
+concept BackendEngine =
+    std::constructible_from<E, const AcceleratorOptions&, std::string_view> &&
+    ModelSync<typename E::ModelSync> &&
+    requires(E& engine, const E& cengine, at::Tensor& tensor, const at::Tensor& input,
+             const AcceleratorOptions& options, torch::nn::Module& module, const std::string& text,
+             Reduction reduction, int root) {
+      { E::distributed } -> std::convertible_to<bool>;
+      { cengine.rank() } -> std::convertible_to<int>;
+      { cengine.world_size() } -> std::convertible_to<int>;
+      { cengine.local_rank() } -> std::convertible_to<int>;
+      { cengine.local_world_size() } -> std::convertible_to<int>;
+      { cengine.device(options) } -> std::convertible_to<c10::Device>;
+      { cengine.collective_device() } -> std::convertible_to<c10::Device>;
+      engine.barrier();
+      engine.all_reduce(tensor, reduction);
+      engine.broadcast(tensor, root);
+      { engine.all_gather(input) } -> std::same_as<std::vector<at::Tensor>>;
+      { engine.reduce_scatter(input, reduction) } -> std::same_as<at::Tensor>;
+      { cengine.stats() } -> std::convertible_to<CommStats>;
+      engine.check_same_on_every_rank(text, text, text);
+      { engine.make_model_sync(module, text, options) } -> std::same_as<typename E::ModelSync>;
+    };
+
+// --- customisation points ------------------------------------------------------------------
+// An engine overrides one by declaring the member of the same name; otherwise the default,
+// replicated data parallel's behaviour, applies.
+
+/// Runs a prepared optimizer's step once gradients are final (after unscaling and clipping).
+/// Default: every rank steps its whole optimizer on its (all-reduced, identical) gradients.
+/// A sharded engine steps only the shard it owns and then gathers the parameters.
+template <class E, class Optimizer>
+void step_optimizer(E& engine, Optimizer& optimizer) {
+  if constexpr (requires { engine.step_optimizer(optimizer); }) engine.step_optimizer(optimizer);
+  else optimizer.step();
+}
+
+/// Clips the gradients of `params` to a global `norm_type`-norm of at most `max_norm` and
+/// returns the norm before clipping. Default: gradients are replicated, so the local norm is
+/// the global one (torch::nn::utils::clip_grad_norm_, bit for bit). A sharded engine, whose
+/// ranks each hold part of the gradients, reduces the norm's parts across ranks first.
+template <class E>
+double clip_grad_norm(E& engine, const std::vector<at::Tensor>& params, double max_norm, double norm_type) {
+  if constexpr (requires { engine.clip_grad_norm(params, max_norm, norm_type); })
+    return engine.clip_grad_norm(params, max_norm, norm_type);
+  else return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
+}
+
+/// Whether this rank writes the checkpoint state that every rank holds alike (models,
+/// optimizers, schedulers, the grad scaler); each rank always writes its own RNG state.
+/// Default: the main process, since replicated ranks hold identical copies. An engine whose
+/// ranks hold different shards writes them on every rank.
+template <class E>
+bool writes_replicated_state(const E& engine) {
+  if constexpr (requires { { engine.writes_replicated_state() } -> std::convertible_to<bool>; })
+    return engine.writes_replicated_state();
+  else return engine.rank() == 0;
+}
+
+/// A model's full parameters and buffers (unwrapped names, state_dict order) for save_model;
+/// the ranks for which writes_replicated_state is true write them. Default: every rank holds
+/// them whole. A sharded engine gathers the shards (collective: every rank calls it).
+template <class E>
+std::vector<std::pair<std::string, at::Tensor>> full_model_state(E& engine, const torch::nn::Module& module) {
+  if constexpr (requires { engine.full_model_state(module); }) return engine.full_model_state(module);
+  else return checkpoint::named_tensors(module);
+}
+
+}  // namespace accelerate::distributed
