@@ -20,6 +20,8 @@ echo "== bench_checkpoint"
   --benchmark_out="$out/bench_checkpoint.json" > /dev/null
 echo "== instruction counts"
 bench/instructions.sh "$build" 200 | tee "$out/instructions.txt"
+echo "== compile cost of a trainer: <torch/torch.h> alone vs the umbrella header"
+bench/compile/measure.py 3 --out "$out/compile.json"
 echo "== Python Accelerate and PyTorch DDP"
 bench/compare_python.sh "$build" 5 | tee "$out/compare_python.txt"
 .venv/bin/python bench/summarize.py "$out"
