@@ -553,20 +553,10 @@ TEST(SaveState, AnObjectMayKeepAndModifyTheTensorsItLoaded) {
 
 // The registry's owners: an entry every rank owns gets a file per rank (a sharded optimizer's
 // shard, say) and is written even by a rank that does not write replicated state.
-struct RankedCounter {
-  int n = 0;
-  accelerate::StateDict state_dict() const {
-    accelerate::StateDict s;
-    s.values["n"] = n;
-    return s;
-  }
-  void load_state_dict(const accelerate::StateDict& s) { n = s.value<int>("n"); }
-};
-
 TEST(CheckpointRegistry, EntriesOwnedByEveryRankGetAFileOfTheirOwnAndLoadBack) {
   using Kind = ckpt::Entry::Kind;
   TempDir dir;
-  RankedCounter shared{3}, own{7};
+  Counter shared{3}, own{7};
   ckpt::Registry registry;
   registry.add(Kind::custom, ckpt::EntryOwner::main_rank, std::ref(shared));
   registry.add(Kind::custom, ckpt::EntryOwner::every_rank, std::ref(own));
@@ -576,11 +566,11 @@ TEST(CheckpointRegistry, EntriesOwnedByEveryRankGetAFileOfTheirOwnAndLoadBack) {
   ckpt::save_state(writer, project, dir / "a");
   EXPECT_TRUE(std::filesystem::exists(dir / "a" / "custom_checkpoint_0.json"));
   EXPECT_TRUE(std::filesystem::exists(dir / "a" / "custom_checkpoint_1_rank0.json"));
-  shared.n = 0;
-  own.n = 0;
+  shared.value = 0;
+  own.value = 0;
   ckpt::load_state(writer, project, dir / "a");
-  EXPECT_EQ(shared.n, 3);
-  EXPECT_EQ(own.n, 7);
+  EXPECT_EQ(shared.value, 3);
+  EXPECT_EQ(own.value, 7);
 
   const ckpt::StateSources not_writer{&registry, 0, 1, false, "registry test", [] {}};
   ckpt::save_state(not_writer, project, dir / "b");

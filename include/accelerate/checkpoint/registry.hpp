@@ -45,6 +45,12 @@ struct Entry {
   std::function<void(const StateDict&)> check = {};
 };
 
+/// Whether entries of `kind` are the accelerator's step states rather than objects (not
+/// counted in the manifest, not in Accelerator::checkpoint_entries()).
+constexpr bool is_step_state(Entry::Kind kind) noexcept {
+  return kind == Entry::Kind::scaler || kind == Entry::Kind::micro_step;
+}
+
 /// Everything a checkpoint holds, in registration order.
 /// Example:
 ///   accelerate::checkpoint::Registry registry;
@@ -62,8 +68,7 @@ class Registry {
 
   /// Adds an entry made by hand.
   void add(Entry entry) {
-    const bool step_state = entry.kind == Entry::Kind::scaler || entry.kind == Entry::Kind::micro_step;
-    (step_state ? step_states_ : objects_).push_back(std::move(entry));
+    (is_step_state(entry.kind) ? step_states_ : objects_).push_back(std::move(entry));
   }
 
   /// Adds a model: its parameters and buffers by name, all checked before any is loaded.
@@ -102,7 +107,7 @@ class Registry {
 
   /// How many entries of `kind` there are.
   std::size_t count(Entry::Kind kind) const {
-    const auto& list = kind == Entry::Kind::scaler || kind == Entry::Kind::micro_step ? step_states_ : objects_;
+    const auto& list = is_step_state(kind) ? step_states_ : objects_;
     return static_cast<std::size_t>(
         std::count_if(list.begin(), list.end(), [&](const Entry& e) { return e.kind == kind; }));
   }

@@ -64,6 +64,12 @@ inline std::string state_stem(Entry::Kind kind, std::size_t index) {
   return "unknown";
 }
 
+/// Whether an entry travels in its rank's random_states_<rank> file, beside the RNGs: a step
+/// state each rank owns (the micro-step counter). Every other entry has a file of its own.
+inline bool in_rank_file(const Entry& entry) {
+  return is_step_state(entry.kind) && entry.owner == EntryOwner::every_rank;
+}
+
 /// The file stem of an entry: its kind's stem, with "_rank<r>" for state each rank owns.
 inline std::string entry_stem(const Entry& entry, std::size_t index, int rank) {
   const std::string stem = state_stem(entry.kind, index);
@@ -251,7 +257,7 @@ inline std::filesystem::path save_state(const StateSources& src, ProjectConfigur
   for (const auto* list : {&src.registry->objects(), &src.registry->step_states()}) {
     for (const auto& entry : *list) {
       const std::size_t index = counts[entry.kind]++;
-      if (entry.kind == Entry::Kind::micro_step) {
+      if (in_rank_file(entry)) {
         per_rank.values.update(entry.save().values);
         continue;
       }
@@ -274,7 +280,7 @@ inline std::filesystem::path save_state(const StateSources& src, ProjectConfigur
                                                 {"checksum", file_checksum(file.path(), "save_state")}};
     nlohmann::json objects = nlohmann::json::object();
     for (const auto& [kind, n] : counts)
-      if (kind != Entry::Kind::scaler && kind != Entry::Kind::micro_step) objects[kind_name(kind)] = n;
+      if (!is_step_state(kind)) objects[kind_name(kind)] = n;
     write_json_file(staging / std::string(manifest_name),
                     {{"format", state_format},
                      {"library", std::string("accelerate-cpp ") + version_string},
@@ -402,7 +408,7 @@ inline std::filesystem::path load_state(const StateSources& src, ProjectConfigur
   for (const auto* list : {&src.registry->objects(), &src.registry->step_states()}) {
     for (const auto& entry : *list) {
       const std::size_t index = counts[entry.kind]++;
-      if (entry.kind == Kind::micro_step) {  // in random_states_<rank>, read above
+      if (in_rank_file(entry)) {  // read above
         pending.push_back({&entry, rng_files, per_rank});
         continue;
       }

@@ -109,12 +109,11 @@ namespace accelerate::distributed {
 /// Example:
 ///   at::Tensor all = accelerate::distributed::gather(engine, predictions);
 template <BackendEngine E, class T>
-T gather(E& engine, const T& data) {
+T gather([[maybe_unused]] E& engine, const T& data) {
   static_assert(data::tensors_only_v<T>,
                 "accelerate::gather: every leaf must be a tensor; gather numbers, strings or structs "
                 "with gather_object(value)");
   if constexpr (!E::distributed) {
-    (void)engine;
     return data;
   } else {
     return data::map_tensors(data, [&](const at::Tensor& t) { return at::cat(accelerate::detail::gather_parts(engine, t)); });
@@ -127,9 +126,8 @@ T gather(E& engine, const T& data) {
 ///   std::vector<std::string> names = accelerate::distributed::gather_object(engine, name);
 template <BackendEngine E, class T>
   requires(!data::tensors_only_v<T>)
-std::vector<T> gather_object(E& engine, const T& value) {
+std::vector<T> gather_object([[maybe_unused]] E& engine, const T& value) {
   if constexpr (!E::distributed) {
-    (void)engine;
     return {value};
   } else {
     std::vector<T> out;
@@ -144,10 +142,8 @@ std::vector<T> gather_object(E& engine, const T& value) {
 ///   auto vocabulary = accelerate::distributed::broadcast_object(engine, local_vocabulary, 0);
 template <BackendEngine E, class T>
   requires(!data::tensors_only_v<T>)
-T broadcast_object(E& engine, const T& value, int from = 0) {
+T broadcast_object([[maybe_unused]] E& engine, const T& value, [[maybe_unused]] int from = 0) {
   if constexpr (!E::distributed) {
-    (void)engine;
-    (void)from;
     return value;
   } else {
     return accelerate::detail::object_from_bytes<T>(
@@ -190,13 +186,11 @@ auto gather_for_metrics(E& engine, const GradientState& state, const T& data,
 /// Example:
 ///   at::Tensor total = accelerate::distributed::reduce(engine, correct, accelerate::Reduction::sum);
 template <BackendEngine E, class T>
-T reduce(E& engine, const T& data, Reduction reduction = Reduction::sum) {
+T reduce([[maybe_unused]] E& engine, const T& data, [[maybe_unused]] Reduction reduction = Reduction::sum) {
   static_assert(data::tensors_only_v<T>,
                 "accelerate::reduce: every leaf must be a tensor; a number or string would come back "
                 "unreduced (wrap numbers in a tensor)");
   if constexpr (!E::distributed) {
-    (void)engine;
-    (void)reduction;
     return data;
   } else {
     return data::map_tensors(data, [&](const at::Tensor& t) {
@@ -212,13 +206,11 @@ T reduce(E& engine, const T& data, Reduction reduction = Reduction::sum) {
 /// Example:
 ///   at::Tensor weights = accelerate::distributed::broadcast(engine, local_weights, 0);
 template <BackendEngine E, class T>
-T broadcast(E& engine, const T& data, int from = 0) {
+T broadcast([[maybe_unused]] E& engine, const T& data, [[maybe_unused]] int from = 0) {
   static_assert(data::tensors_only_v<T>,
                 "accelerate::broadcast: every leaf must be a tensor; broadcast numbers, strings or "
                 "structs with broadcast_object(value)");
   if constexpr (!E::distributed) {
-    (void)engine;
-    (void)from;
     return data;
   } else {
     return data::map_tensors(data, [&](const at::Tensor& t) { return accelerate::detail::broadcast_tensor(engine, t, from); });
@@ -230,14 +222,10 @@ T broadcast(E& engine, const T& data, int from = 0) {
 /// Example:
 ///   auto padded = accelerate::distributed::pad_across_processes(engine, tokens, 1, pad_id);
 template <BackendEngine E, class T>
-T pad_across_processes(E& engine, const T& data, std::int64_t dim = 0, double pad_value = 0,
-                       bool pad_first = false) {
+T pad_across_processes([[maybe_unused]] E& engine, const T& data, [[maybe_unused]] std::int64_t dim = 0,
+                       [[maybe_unused]] double pad_value = 0, [[maybe_unused]] bool pad_first = false) {
   static_assert(data::tensors_only_v<T>, "accelerate::pad_across_processes: every leaf must be a tensor");
   if constexpr (!E::distributed) {
-    (void)engine;
-    (void)dim;
-    (void)pad_value;
-    (void)pad_first;
     return data;
   } else {
     return data::map_tensors(data, [&](const at::Tensor& t) {

@@ -42,10 +42,7 @@ class Communicator {
     options.reduceOp = to_reduce_op(sent);
     wait(backend_->allreduce(tensors, options), "all_reduce");
     count(stats_.allreduce, tensor);
-    if (reduction == Reduction::mean) {
-      if (tensor.is_floating_point()) tensor.div_(world_size_);
-      else tensor.floor_divide_(world_size_);
-    }
+    if (reduction == Reduction::mean) divide_by_world(tensor);
   }
 
   /// Starts a sum all-reduce of `tensor` and returns its work handle (for gradient buckets).
@@ -97,10 +94,7 @@ class Communicator {
     options.reduceOp = to_reduce_op(sent);
     wait(backend_->_reduce_scatter_base(output, input, options), "reduce_scatter");
     count(stats_.reduce_scatter, input);
-    if (reduction == Reduction::mean) {
-      if (output.is_floating_point()) output.div_(world_size_);
-      else output.floor_divide_(world_size_);
-    }
+    if (reduction == Reduction::mean) divide_by_world(output);
     return output;
   }
 
@@ -150,6 +144,12 @@ class Communicator {
   }
 
  private:
+  // A mean is a sum divided by the world size (Gloo has no AVG); integers round down.
+  void divide_by_world(at::Tensor& sum) const {
+    if (sum.is_floating_point()) sum.div_(world_size_);
+    else sum.floor_divide_(world_size_);
+  }
+
   static c10d::ReduceOp to_reduce_op(Reduction reduction) {
     return reduction == Reduction::max   ? c10d::ReduceOp::MAX
            : reduction == Reduction::min ? c10d::ReduceOp::MIN
