@@ -6,9 +6,12 @@ include_guard(GLOBAL)
 
 find_program(ACCELERATE_CCACHE ccache)
 if(ACCELERATE_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
-  # Precompiled headers are cacheable only with these sloppiness settings.
+  # Precompiled headers are cacheable only with these sloppiness settings. BASEDIR makes paths
+  # inside this tree relative in the cache key, so another clone of the project (a CI run in a
+  # fresh checkout on the same machine) hits the cache instead of rebuilding every object.
   set(CMAKE_CXX_COMPILER_LAUNCHER ${CMAKE_COMMAND} -E env
       "CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime"
+      "CCACHE_BASEDIR=${PROJECT_SOURCE_DIR}" CCACHE_NOHASHDIR=true
       ${ACCELERATE_CCACHE})
 endif()
 
