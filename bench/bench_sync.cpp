@@ -48,7 +48,7 @@ struct Batch {
 double megabytes(uint64_t bytes) { return static_cast<double>(bytes) / 1e6; }
 
 void BM_FlatAllreduce(benchmark::State& state) {
-  accelerate::Accelerator<accelerate::Gloo> acc{{.timeout = 120s}};
+  accelerate::Accelerator<accelerate::Gloo> acc{{.process_group = {.timeout = 120s}}};
   BigMlp net;
   torch::optim::SGD opt(net->parameters(), 0.001);
   auto* comm = acc.engine().communicator();
@@ -74,7 +74,8 @@ void BM_FlatAllreduce(benchmark::State& state) {
 void BM_BucketedReducer(benchmark::State& state) {
   const auto cap = static_cast<std::size_t>(state.range(0)) << 20;
   accelerate::Accelerator<accelerate::Gloo> acc{
-      {.timeout = 120s, .bucket_cap_bytes = cap, .first_bucket_cap_bytes = std::min(cap, std::size_t{1} << 20)}};
+      {.process_group = {.timeout = 120s},
+       .ddp = {.bucket_cap_bytes = cap, .first_bucket_cap_bytes = std::min(cap, std::size_t{1} << 20)}}};
   BigMlp net;
   torch::optim::SGD sgd(net->parameters(), 0.001);
   auto [model, opt] = acc.prepare(net, sgd);
@@ -92,7 +93,7 @@ void BM_BucketedReducer(benchmark::State& state) {
 void BM_Accumulate8(benchmark::State& state) {
   const bool sync_every = state.range(0) == 1;
   using Acc = accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::Accumulate<8>>;
-  Acc acc{{.timeout = 120s}};
+  Acc acc{{.process_group = {.timeout = 120s}}};
   BigMlp net;
   torch::optim::SGD sgd(net->parameters(), 0.001);
   auto [model, opt] = acc.prepare(net, sgd);

@@ -32,7 +32,7 @@ torch::nn::Sequential make_model(const std::string& name) {
 
 template <class Acc>
 int run(const Args& a) {
-  Acc acc{{.seed = 0, .gradient_accumulation_steps = a.accum > 1 ? a.accum : 0}};
+  Acc acc{{.seed = 0, .accumulation = {.num_steps = a.accum > 1 ? a.accum : 0}}};
   auto net = make_model(a.model);
   const int64_t in = a.model == "tiny" ? 8 : 784, classes = a.model == "tiny" ? 4 : 10, batch = a.model == "tiny" ? 16 : 64;
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));

@@ -165,7 +165,7 @@ int train(const Args& args) {
     return 0;
   }
   accelerate::AcceleratorOptions options{.seed = args.seed, .check_finite_loss = args.check_finite_loss};
-  options.log_with = args.log_with;
+  options.tracking.log_with = args.log_with;
   if (!args.project_dir.empty())
     options.project = {.project_dir = args.project_dir, .automatic_checkpoint_naming = true, .total_limit = 2};
   Acc acc{args.run.apply(options)};

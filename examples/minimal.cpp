@@ -8,7 +8,7 @@ using Acc = accelerate::Accelerator<accelerate::Gloo, accelerate::Bf16,
 
 int main(int argc, char** argv) {
   return accelerate::launch(argc, argv, [](int, char**) {  // --nproc N starts N processes
-    Acc acc{{.seed = 42, .max_norm = 1.0,
+    Acc acc{{.seed = 42, .clip = {.max_norm = 1.0},
              .project = {.project_dir = "minimal_run", .automatic_checkpoint_naming = true, .total_limit = 2}}};
     torch::nn::Sequential net(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 1));
     torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1e-2));

@@ -1,6 +1,7 @@
-// Accelerator<Backend, Precision, Accumulation, Clip>: the policy core. prepare() wraps a
-// trainer's objects, backward()/accumulate()/autocast() apply the policies, and the collectives
-// work on tensors and nested containers. This is the only place the policy slots are checked.
+// Accelerator<Backend, Precision, Accumulation, Clip>: the policy core. It checks the four
+// slots (here and only here), prepares a trainer's objects, and forwards to where behaviour
+// lives: each slot's step state and the optimizer step's ordering contract (step/), the engine
+// and its collectives (distributed/), checkpoints (checkpoint/) and trackers (track/).
 #pragma once
 
 #include <algorithm>
@@ -26,7 +27,6 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/utils/clip_grad.h>
 
-#include <accelerate/amp/grad_scaler.hpp>
 #include <accelerate/checkpoint/module_state.hpp>
 #include <accelerate/checkpoint/registry.hpp>
 #include <accelerate/checkpoint/sharding.hpp>
@@ -51,6 +51,7 @@
 #include <accelerate/policy/backend.hpp>
 #include <accelerate/policy/clip.hpp>
 #include <accelerate/policy/precision.hpp>
+#include <accelerate/policy/slots.hpp>
 #include <accelerate/prepared/dataloader.hpp>
 #include <accelerate/prepared/model.hpp>
 #include <accelerate/prepared/optimizer.hpp>
@@ -59,6 +60,7 @@
 #include <accelerate/random.hpp>
 #include <accelerate/scope/accumulate.hpp>
 #include <accelerate/scope/autocast.hpp>
+#include <accelerate/step/context.hpp>
 #include <accelerate/track/csv.hpp>
 #include <accelerate/track/jsonl.hpp>
 #include <accelerate/track/tensorboard.hpp>
@@ -67,75 +69,6 @@
 namespace accelerate {
 
 namespace detail {
-
-/// Stands in for a member a policy does not need; [[no_unique_address]] makes it free.
-struct Empty {};
-
-/// State every Accelerator has, whatever its policies.
-struct CoreState {
-  AcceleratorOptions options;
-  c10::Device device{c10::kCPU};
-  GradientState gradient_state;            // the prepared dataloaders being iterated now
-  checkpoint::Registry checkpoint;          // what save_state/load_state visit
-  bool trigger = false;                    // set_trigger()/check_trigger()
-  std::uint64_t losses_checked = 0;        // backward() calls under check_finite_loss
-  std::vector<AnyTracker> trackers;        // main process only
-};
-
-/// Accumulation bookkeeping; empty (no counter) when the policy never skips a sync.
-template <class A, bool = accumulates<A>>
-struct AccumulationState {
-  explicit AccumulationState(const AcceleratorOptions& o) {
-    ACCELERATE_CHECK(o.gradient_accumulation_steps <= 1 || o.gradient_accumulation_steps == A::steps,
-                     "AcceleratorOptions::gradient_accumulation_steps is ",
-                     o.gradient_accumulation_steps, " but the Accumulation policy fixes 1 "
-                     "micro-step per optimizer step; use Accumulate<N> or AccumulateDynamic");
-  }
-};
-template <class A>
-struct AccumulationState<A, true> {
-  std::size_t steps;        // N: micro-steps per optimizer step
-  std::size_t step = 0;     // micro-steps since the last forced sync (Accelerate's `step`)
-  bool sync = true;         // this micro-step completes a window
-  double divisor;           // what backward() divides the loss by in the current window
-
-  explicit AccumulationState(const AcceleratorOptions& o)
-      : steps(A::dynamic ? o.gradient_accumulation_steps : A::steps),
-        divisor(static_cast<double>(steps)) {
-    if constexpr (A::dynamic) {
-      ACCELERATE_CHECK(o.gradient_accumulation_steps >= 1,
-                       "AcceleratorOptions::gradient_accumulation_steps must be >= 1 with "
-                       "AccumulateDynamic, got ", o.gradient_accumulation_steps);
-    } else {
-      ACCELERATE_CHECK(o.gradient_accumulation_steps == 0 || o.gradient_accumulation_steps == A::steps,
-                       "AcceleratorOptions::gradient_accumulation_steps is ",
-                       o.gradient_accumulation_steps, " but the policy is Accumulate<", A::steps,
-                       ">; leave it 0 or use AccumulateDynamic");
-    }
-  }
-};
-
-/// The grad scaler and its optimizers (Fp16); empty otherwise.
-template <class P, bool = P::uses_grad_scaler>
-struct PrecisionState {
-  PrecisionState(const AcceleratorOptions&, const c10::Device&) {}
-};
-template <class P>
-struct PrecisionState<P, true> {
-  GradScaler scaler;
-  std::vector<std::shared_ptr<OptimizerAmpState>> optimizers;
-  bool step_skipped = false;  // the last optimizer step was skipped (inf/NaN)
-  PrecisionState(const AcceleratorOptions& o, const c10::Device& device)
-      : scaler(o.grad_scaler, device) {}
-};
-
-/// The last pre-clip gradient norm (ClipNorm); empty otherwise.
-template <class C, ClipKind = C::kind>
-struct ClipState {};
-template <class C>
-struct ClipState<C, ClipKind::norm> {
-  double last_norm = 0.0;
-};
 
 /// Whether T is what prepare() of accelerator type Acc returned.
 template <class T, class Acc> struct prepared_by : std::false_type {};
@@ -153,7 +86,7 @@ template <class S, class Acc> struct prepared_by<PreparedDataLoader<S, Acc>, Acc
 ///   - Clip: NoClip (default), ClipNorm<P>, ClipValue.
 /// Run-time knobs are in AcceleratorOptions. A policy that is off adds no member and no code;
 /// tests/static/ proves it. An Accelerator neither copies nor moves: prepared objects refer
-/// to it.
+/// to its shared state (a step::Context, which also holds the optimizer step's ordering).
 /// Example:
 ///   using Acc = accelerate::Accelerator<accelerate::Gloo, accelerate::Bf16, accelerate::Accumulate<4>>;
 ///   Acc acc{{.seed = 42}};
@@ -194,6 +127,8 @@ class Accelerator {
   using accumulation_policy =
       std::conditional_t<AccumulationPolicy<Accumulation>, Accumulation, NoAccumulation>;
   using clip_policy = std::conditional_t<ClipPolicy<Clip>, Clip, NoClip>;
+  /// The four policies, one per slot (slot_names).
+  using policies = type_list<backend_policy, precision_policy, accumulation_policy, clip_policy>;
 
  private:
   using declared_engine = typename detail::backend_engine<backend_policy>::type;
@@ -209,30 +144,25 @@ class Accelerator {
   using engine_type =
       std::conditional_t<distributed::BackendEngine<declared_engine>, declared_engine, distributed::LocalEngine>;
   using model_sync_type = typename engine_type::ModelSync;
+  /// What this accelerator shares with the objects it prepared: the engine, the step state of
+  /// each slot and the optimizer step's ordering (see <accelerate/step/context.hpp>).
+  using context_type = step::Context<engine_type, accumulation_policy, precision_policy, clip_policy>;
 
   /// Whether some micro-steps skip gradient synchronisation.
-  static constexpr bool accumulating = accumulates<accumulation_policy>;
+  static constexpr bool accumulating = context_type::accumulation_step::accumulating;
   /// Whether this configuration talks to other processes.
   static constexpr bool distributed = backend_policy::is_distributed;
-  static constexpr bool optimizer_needs_accelerator =
-      accumulating || precision_policy::uses_grad_scaler || clip_policy::kind != ClipKind::none;
-  static constexpr bool scheduler_needs_accelerator =
-      accumulating || precision_policy::uses_grad_scaler || distributed;
-  using optimizer_amp_slot =
-      std::conditional_t<precision_policy::uses_grad_scaler, std::shared_ptr<OptimizerAmpState>,
-                         detail::Empty>;
 
   /// Builds the accelerator: validates the options, joins the other processes (distributed
-  /// backends), picks the device and seeds the generators when `options.seed` is set.
-  explicit Accelerator(AcceleratorOptions options = {})
-      : engine_(validated(options), fingerprint(options)),
-        core_{options, engine_.device(options), {}, {}, false, {}},
-        accum_(options),
-        precision_(options, core_.device) {
-    check_device_supports_precision();
+  /// backends), picks the device, checks it supports the Precision policy, and seeds the
+  /// generators when `options.seed` is set.
+  explicit Accelerator(AcceleratorOptions options = {}) : ctx_(validated(options), fingerprint(options)) {
+    if constexpr (backend_policy::requires_cuda) {
+      ACCELERATE_CHECK(ctx_.core.device.is_cuda(), "Accelerator<", backend_policy::name,
+                       ">: needs a CUDA device, but none is visible");
+    }
     if (options.retain_freed_memory) detail::retain_freed_memory();
     if (options.seed) set_seed(*options.seed);
-    register_step_states();
   }
 
   Accelerator(const Accelerator&) = delete;
@@ -244,13 +174,13 @@ class Accelerator {
   // Where this process is.
 
   /// The device models and batches are placed on (cpu, cuda:0, or cuda:LOCAL_RANK).
-  const c10::Device& device() const noexcept { return core_.device; }
+  const c10::Device& device() const noexcept { return ctx_.core.device; }
   /// Global rank.
-  int process_index() const noexcept { return engine_.rank(); }
+  int process_index() const noexcept { return ctx_.engine.rank(); }
   /// Rank on this node.
-  int local_process_index() const noexcept { return engine_.local_rank(); }
+  int local_process_index() const noexcept { return ctx_.engine.local_rank(); }
   /// World size.
-  int num_processes() const noexcept { return engine_.world_size(); }
+  int num_processes() const noexcept { return ctx_.engine.world_size(); }
   bool is_main_process() const noexcept { return process_index() == 0; }
   bool is_local_main_process() const noexcept { return local_process_index() == 0; }
   bool is_last_process() const noexcept { return process_index() == num_processes() - 1; }
@@ -260,64 +190,54 @@ class Accelerator {
   }
   /// Accelerate's mixed_precision: "no", "bf16" or "fp16".
   static constexpr std::string_view mixed_precision() noexcept { return precision_policy::name; }
-  const AcceleratorOptions& options() const noexcept { return core_.options; }
+  const AcceleratorOptions& options() const noexcept { return ctx_.core.options; }
 
   /// Micro-steps per optimizer step.
-  std::size_t gradient_accumulation_steps() const noexcept {
-    if constexpr (accumulating) return accum_.steps;
-    else return 1;
-  }
+  std::size_t gradient_accumulation_steps() const noexcept { return ctx_.accumulation.steps(); }
 
   /// Whether the current micro-step completes an accumulation window (always true, at
   /// compile time, without accumulation).
-  constexpr bool sync_gradients() const noexcept {
-    if constexpr (accumulating) return accum_.sync;
-    else return true;
-  }
+  constexpr bool sync_gradients() const noexcept { return ctx_.accumulation.sync(); }
 
   /// The prepared dataloaders being iterated now (Accelerate's GradientState).
-  const GradientState& gradient_state() const noexcept { return core_.gradient_state; }
+  const GradientState& gradient_state() const noexcept { return ctx_.core.gradient_state; }
   /// Whether the innermost prepared dataloader being iterated is at its epoch's last batch
   /// (false outside every loop).
-  bool end_of_dataloader() const noexcept { return core_.gradient_state.end_of_dataloader(); }
+  bool end_of_dataloader() const noexcept { return ctx_.core.gradient_state.end_of_dataloader(); }
   /// Real samples in the innermost active dataloader's last global batch; -1 outside every
   /// loop or for a loader of unknown length (Accelerate's GradientState.remainder).
-  std::int64_t remainder() const noexcept { return core_.gradient_state.remainder(); }
+  std::int64_t remainder() const noexcept { return ctx_.core.gradient_state.remainder(); }
 
   /// Micro-steps counted by accumulate() since the last forced sync (Accelerate's `step`).
-  std::size_t step() const noexcept {
-    if constexpr (accumulating) return accum_.step;
-    else return 0;
-  }
+  std::size_t step() const noexcept { return ctx_.accumulation.step(); }
 
   /// Calls and bytes per collective kind since construction (zero with one process).
-  CommStats stats() const { return engine_.stats(); }
+  CommStats stats() const { return ctx_.engine.stats(); }
 
   /// Whether the last optimizer step was skipped for an inf/NaN gradient (Fp16).
-  bool optimizer_step_was_skipped() const noexcept {
-    if constexpr (precision_policy::uses_grad_scaler) return precision_.step_skipped;
-    else return false;
-  }
+  bool optimizer_step_was_skipped() const noexcept { return ctx_.precision.step_skipped(); }
 
   /// The current loss scale (Fp16) or 1.
-  double loss_scale() const {
-    if constexpr (precision_policy::uses_grad_scaler) return precision_.scaler.get_scale();
-    else return 1.0;
-  }
+  double loss_scale() const { return ctx_.precision.loss_scale(); }
 
   /// The grad scaler (Fp16 only).
   GradScaler& scaler()
-    requires precision_policy::uses_grad_scaler
+    requires context_type::precision_step::scales_loss
   {
-    return precision_.scaler;
+    return ctx_.precision.scaler();
   }
 
   /// The pre-clip global norm measured by the last clipping step (ClipNorm only).
   double last_grad_norm() const
-    requires(clip_policy::kind == ClipKind::norm)
+    requires requires(const typename context_type::clip_step& clip) { clip.last_norm(); }
   {
-    return clip_.last_norm;
+    return ctx_.clip.last_norm();
   }
+
+  /// The engine behind the Backend policy: its process group, communicator and stats, for
+  /// tools that measure or extend the transport.
+  /// Example: auto* communicator = acc.engine().communicator();  // Gloo
+  engine_type& engine() noexcept { return ctx_.engine; }
 
   /// Prints the arguments, separated by spaces, once per node (on each local main process),
   /// as Accelerate's print does.
@@ -331,7 +251,7 @@ class Accelerator {
   }
 
   /// Blocks until every process reaches this call (a no-op with one process).
-  void wait_for_everyone() { engine_.barrier(); }
+  void wait_for_everyone() { ctx_.engine.barrier(); }
 
   /// Seeds torch's generators; `device_specific` adds the process index.
   void set_seed(std::uint64_t seed, bool device_specific = false) {
@@ -371,7 +291,7 @@ class Accelerator {
   /// <accelerate/checkpoint/reflect.hpp>). The object is referred to: keep it alive.
   template <class T>
   void register_for_checkpointing(T& object) {
-    core_.checkpoint.add_object(object);
+    ctx_.core.checkpoint.add_object(object);
   }
 
   // ---------------------------------------------------------------------------------------
@@ -388,7 +308,7 @@ class Accelerator {
   ///   acc.save_state();                 // automatic naming (ProjectConfiguration)
   ///   acc.save_state("runs/a/state");   // a folder of your choice
   std::filesystem::path save_state(const std::optional<std::filesystem::path>& dir = std::nullopt) {
-    return checkpoint::save_state(state_sources(), core_.options.project, dir);
+    return checkpoint::save_state(state_sources(), ctx_.core.options.project, dir);
   }
 
   /// Restores what save_state() wrote; without `dir`, the latest complete automatic checkpoint.
@@ -403,7 +323,7 @@ class Accelerator {
   ///   acc.load_state("runs/a/state", {.allow_configuration_change = true});
   std::filesystem::path load_state(const std::optional<std::filesystem::path>& dir = std::nullopt,
                                    const LoadStateOptions& options = {}) {
-    return checkpoint::load_state(state_sources(), core_.options.project, dir, options);
+    return checkpoint::load_state(state_sources(), ctx_.core.options.project, dir, options);
   }
 
   /// Writes a model's parameters and buffers (unwrapped names) as Hugging Face safetensors
@@ -413,17 +333,17 @@ class Accelerator {
   ///   acc.save_model(model, "out", {.max_shard_size = "1GB"});
   template <class Model>
   void save_model(const Model& model, const std::filesystem::path& dir, const SaveModelOptions& options = {}) {
-    const auto state = distributed::full_model_state(engine_, module_of(model));  // collective when sharded
-    if (distributed::writes_replicated_state(engine_)) checkpoint::write_model_files(state, dir, options);
+    const auto state = distributed::full_model_state(ctx_.engine, module_of(model));  // collective when sharded
+    if (distributed::writes_replicated_state(ctx_.engine)) checkpoint::write_model_files(state, dir, options);
     wait_for_everyone();
   }
 
   /// The project configuration (checkpoint folder, numbering, rotation).
-  ProjectConfiguration& project_configuration() noexcept { return core_.options.project; }
+  ProjectConfiguration& project_configuration() noexcept { return ctx_.core.options.project; }
 
   /// Every object save_state/load_state visit, in order (models, optimizers, ... as prepared).
   const std::vector<detail::CheckpointEntry>& checkpoint_entries() const noexcept {
-    return core_.checkpoint.objects();
+    return ctx_.core.checkpoint.objects();
   }
 
   // ---------------------------------------------------------------------------------------
@@ -432,25 +352,18 @@ class Accelerator {
   /// Backpropagates `loss`: divided by the accumulation window's length (accumulation), scaled
   /// (Fp16), then autograd. Gradients of prepared models are all-reduced from autograd hooks
   /// while backward runs (distributed), and complete when it returns.
-  /// With Accelerator<> this is loss.backward(). With AcceleratorOptions::check_finite_loss a
-  /// NaN or infinite loss is an error instead.
+  /// With Accelerator<> this is loss.backward() (both step states return the loss itself).
+  /// With AcceleratorOptions::check_finite_loss a NaN or infinite loss is an error instead.
   void backward(const at::Tensor& loss) {
-    if (core_.options.check_finite_loss) [[unlikely]]
+    if (ctx_.core.options.check_finite_loss) [[unlikely]]
       refuse_nonfinite_loss(loss);
-    if constexpr (!accumulating && !precision_policy::uses_grad_scaler) {
-      loss.backward();
-    } else {
-      at::Tensor scaled = loss;
-      if constexpr (accumulating) scaled = scaled / accum_.divisor;
-      if constexpr (precision_policy::uses_grad_scaler) scaled = precision_.scaler.scale(scaled);
-      scaled.backward();
-    }
+    ctx_.precision.scale(ctx_.accumulation.divide(loss)).backward();
   }
 
   /// Opens one micro-step of gradient accumulation for the given prepared models and decides
   /// whether it is a boundary (sync_gradients()). Off a boundary, the models' gradients are
   /// not communicated and prepared optimizers/schedulers do nothing. The last batch of a
-  /// prepared dataloader always syncs (AcceleratorOptions::sync_with_dataloader).
+  /// prepared dataloader always syncs (AccumulationOptions::sync_with_dataloader).
   /// Without accumulation the scope is empty and sync_gradients() is constexpr true.
   /// Example:
   ///   for (auto& [x, y] : loader) { auto step = acc.accumulate(model); ... }
@@ -461,13 +374,13 @@ class Accelerator {
       ((void)models, ...);
       return AlwaysSyncScope{};
     } else {
-      advance_micro_step();
+      ctx_.accumulation.advance(ctx_.core.gradient_state, ctx_.core.options.accumulation.sync_with_dataloader);
       if constexpr (distributed) {
         return AccumulateScope<model_sync_type, sizeof...(Models)>(
-            accum_.sync, {&models.model_sync()...});
+            ctx_.accumulation.sync(), {&models.model_sync()...});
       } else {
         ((void)models, ...);
-        return AccumulateScope<model_sync_type, 0>(accum_.sync, {});
+        return AccumulateScope<model_sync_type, 0>(ctx_.accumulation.sync(), {});
       }
     }
   }
@@ -488,7 +401,7 @@ class Accelerator {
   /// Autocast for work outside the model (a complex loss); an empty type under Fp32.
   [[nodiscard("keep the scope alive: auto scope = acc.autocast();")]]
   AutocastScope<precision_policy> autocast() const {
-    return AutocastScope<precision_policy>(core_.device.type());
+    return AutocastScope<precision_policy>(ctx_.core.device.type());
   }
 
   /// Clips the gradients of `params` to a global `norm_type`-norm of at most `max_norm` and
@@ -500,15 +413,15 @@ class Accelerator {
   double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
                          double norm_type = 2.0) {
     if (!sync_gradients()) return 0.0;
-    unscale_owners(params, "clip_grad_norm_");
-    return distributed::clip_grad_norm(engine_, params, max_norm, norm_type);
+    ctx_.precision.unscale_owners(params, "clip_grad_norm_");
+    return distributed::clip_grad_norm(ctx_.engine, params, max_norm, norm_type);
   }
 
   /// Clamps every gradient element of `params` to [-value, value] (after unscaling, Fp16);
   /// a no-op off an accumulation boundary, as clip_grad_norm_.
   void clip_grad_value_(const std::vector<at::Tensor>& params, double value) {
     if (!sync_gradients()) return;
-    unscale_owners(params, "clip_grad_value_");
+    ctx_.precision.unscale_owners(params, "clip_grad_value_");
     torch::nn::utils::clip_grad_value_(params, value);
   }
 
@@ -524,7 +437,7 @@ class Accelerator {
   /// Example: at::Tensor all_logits = acc.gather(logits);
   template <class T>
   T gather(const T& data) {
-    return distributed::gather(engine_, data);
+    return distributed::gather(ctx_.engine, data);
   }
 
   /// Every process's `value`, in rank order, for any value nlohmann::json can serialise
@@ -534,7 +447,7 @@ class Accelerator {
   template <class T>
     requires(!data::tensors_only_v<T>)
   std::vector<T> gather_object(const T& value) {
-    return distributed::gather_object(engine_, value);
+    return distributed::gather_object(ctx_.engine, value);
   }
 
   /// Process `from`'s `value` on every process, for any value nlohmann::json can serialise.
@@ -542,7 +455,7 @@ class Accelerator {
   template <class T>
     requires(!data::tensors_only_v<T>)
   T broadcast_object(const T& value, int from = 0) {
-    return distributed::broadcast_object(engine_, value, from);
+    return distributed::broadcast_object(ctx_.engine, value, from);
   }
 
   /// gather(), and on the last batch of a prepared dataloader being iterated drop the samples
@@ -556,21 +469,21 @@ class Accelerator {
   ///   std::vector<std::string> labels = acc.gather_for_metrics(batch_labels);  // strings: objects
   template <class T>
   auto gather_for_metrics(const T& data, const GatherForMetricsOptions& options = {}) {
-    return distributed::gather_for_metrics(engine_, core_.gradient_state, data, options);
+    return distributed::gather_for_metrics(ctx_.engine, ctx_.core.gradient_state, data, options);
   }
 
   /// Combines every process's tensors element-wise (sum, mean, max, min).
   /// Example: at::Tensor correct = acc.reduce(local_correct, accelerate::Reduction::sum);
   template <class T>
   T reduce(const T& data, Reduction reduction = Reduction::sum) {
-    return distributed::reduce(engine_, data, reduction);
+    return distributed::reduce(ctx_.engine, data, reduction);
   }
 
   /// Every process receives process `from`'s tensors (shapes and dtypes follow the sender).
   /// Example: at::Tensor weights = acc.broadcast(local_weights, 0);
   template <class T>
   T broadcast(const T& data, int from = 0) {
-    return distributed::broadcast(engine_, data, from);
+    return distributed::broadcast(ctx_.engine, data, from);
   }
 
   /// Pads each tensor along `dim` with `pad_value` to the largest size across processes
@@ -578,7 +491,7 @@ class Accelerator {
   /// Example: auto tokens = acc.pad_across_processes(local_tokens, 1, pad_id);
   template <class T>
   T pad_across_processes(const T& data, int64_t dim = 0, double pad_value = 0, bool pad_first = false) {
-    return distributed::pad_across_processes(engine_, data, dim, pad_value, pad_first);
+    return distributed::pad_across_processes(ctx_.engine, data, dim, pad_value, pad_first);
   }
 
   /// This process's contiguous share of `inputs` (a vector or a tensor's rows): the first
@@ -587,7 +500,7 @@ class Accelerator {
   /// Example: auto my_prompts = acc.split_between_processes(prompts);
   template <class T>
   T split_between_processes(const T& inputs, bool apply_padding = false) const {
-    return distributed::split_between_processes(engine_, inputs, apply_padding);
+    return distributed::split_between_processes(ctx_.engine, inputs, apply_padding);
   }
 
   // ---------------------------------------------------------------------------------------
@@ -597,57 +510,58 @@ class Accelerator {
   /// init_trackers() starts.
   template <Tracker T>
   void add_tracker(T tracker) {
-    if (is_main_process()) core_.trackers.emplace_back(std::move(tracker));
+    if (is_main_process()) ctx_.core.trackers.emplace_back(std::move(tracker));
   }
 
-  /// Starts the trackers of AcceleratorOptions::log_with (under logging_dir/project_name)
-  /// and those added, recording `config` (hyperparameters).
+  /// Starts the trackers of TrackingOptions::log_with (under logging_dir/project_name) and
+  /// those added, recording `config` (hyperparameters).
   /// Example:
   ///   acc.init_trackers("fashion_mnist", {{"lr", 1e-3}, {"batch_size", 64}});
   void init_trackers(const std::string& project_name, const nlohmann::json& config = nlohmann::json::object()) {
     if (!is_main_process()) return;
-    const auto& o = core_.options;
-    const std::filesystem::path dir =
-        !o.logging_dir.empty() ? o.logging_dir : !o.project.project_dir.empty() ? o.project.project_dir : ".";
+    const auto& o = ctx_.core.options.tracking;
+    const auto& project_dir = ctx_.core.options.project.project_dir;
+    const std::filesystem::path dir = !o.logging_dir.empty() ? o.logging_dir : !project_dir.empty() ? project_dir : ".";
     auto wants = [&](const char* name) {
       return std::find(o.log_with.begin(), o.log_with.end(), name) != o.log_with.end() ||
              std::find(o.log_with.begin(), o.log_with.end(), "all") != o.log_with.end();
     };
-    if (wants("jsonl")) core_.trackers.emplace_back(JsonlTracker(dir));
-    if (wants("csv")) core_.trackers.emplace_back(CsvTracker(dir));
-    if (wants("tensorboard")) core_.trackers.emplace_back(TensorBoardTracker(dir));
-    for (auto& tracker : core_.trackers) tracker.start(project_name, config);
+    auto& trackers = ctx_.core.trackers;
+    if (wants("jsonl")) trackers.emplace_back(JsonlTracker(dir));
+    if (wants("csv")) trackers.emplace_back(CsvTracker(dir));
+    if (wants("tensorboard")) trackers.emplace_back(TensorBoardTracker(dir));
+    for (auto& tracker : trackers) tracker.start(project_name, config);
   }
 
   /// Records scalar metrics at `step` with every tracker.
   /// Example: acc.log({{"loss", loss.item<double>()}, {"lr", lr}}, step);
   void log(const Metrics& values, std::int64_t step) {
-    for (auto& tracker : core_.trackers) tracker.log(values, step);
+    for (auto& tracker : ctx_.core.trackers) tracker.log(values, step);
   }
 
   /// Finishes the trackers and waits for every rank (Accelerate's end_training).
   void end_training() {
-    for (auto& tracker : core_.trackers) tracker.finish();
-    core_.trackers.clear();
+    for (auto& tracker : ctx_.core.trackers) tracker.finish();
+    ctx_.core.trackers.clear();
     wait_for_everyone();
   }
 
   /// Raises this process's trigger (Accelerate's set_trigger): check_trigger() then returns
   /// true on every rank.
-  void set_trigger() noexcept { core_.trigger = true; }
+  void set_trigger() noexcept { ctx_.core.trigger = true; }
 
   /// Whether any rank raised its trigger (set_trigger) or received a preemption signal
   /// under a PreemptionGuard since the last check; the answer is the same on every rank
   /// (one small all-reduce when distributed) and resets the flags. Every rank must call it.
   bool check_trigger() {
-    const bool local = core_.trigger || preemption_requested();
-    core_.trigger = false;
+    const bool local = ctx_.core.trigger || preemption_requested();
+    ctx_.core.trigger = false;
     clear_preemption_request();
     if constexpr (!distributed) {
       return local;
     } else {
-      at::Tensor flag = at::tensor({local ? 1 : 0}, at::kInt).to(core_.device);
-      engine_.all_reduce(flag, Reduction::max);
+      at::Tensor flag = at::tensor({local ? 1 : 0}, at::kInt).to(ctx_.core.device);
+      ctx_.engine.all_reduce(flag, Reduction::max);
       return flag.item<int>() > 0;
     }
   }
@@ -694,90 +608,22 @@ class Accelerator {
   [[nodiscard("keep the scope alive: auto first = acc.main_process_first();")]]
   MainProcessFirst main_process_first() { return MainProcessFirst(*this); }
 
-  // ---------------------------------------------------------------------------------------
-  // Called by prepared objects (public so they need no friendship; not for users).
-
-  /// A prepared optimizer's step under the policies.
-  template <class Optimizer>
-  void optimizer_step(Optimizer& optimizer, optimizer_amp_slot& amp) {
-    if constexpr (accumulating) {
-      if (!accum_.sync) return;
-    }
-    if constexpr (precision_policy::uses_grad_scaler) precision_.scaler.unscale_(amp->params, *amp);
-    if constexpr (clip_policy::kind == ClipKind::norm) {
-      clip_.last_norm = distributed::clip_grad_norm(engine_, checkpoint::optimizer_detail::all_params(optimizer),
-                                                    core_.options.max_norm, clip_policy::norm_type);
-    } else if constexpr (clip_policy::kind == ClipKind::value) {
-      torch::nn::utils::clip_grad_value_(checkpoint::optimizer_detail::all_params(optimizer),
-                                         core_.options.clip_value);
-    }
-    if constexpr (precision_policy::uses_grad_scaler) {
-      // Gradients are all-reduced before this point, so every rank sees the same inf/NaN.
-      const bool skip = amp->found_inf.template item<float>() > 0;
-      if (!skip) distributed::step_optimizer(engine_, optimizer);
-      amp->skipped = skip;
-      precision_.step_skipped = skip;
-      precision_.scaler.update(amp->found_inf);
-      amp->unscaled = false;
-    } else {
-      distributed::step_optimizer(engine_, optimizer);
-    }
-  }
-
-  /// How many times a prepared scheduler steps now.
-  int scheduler_steps_due() const {
-    if (!core_.options.step_scheduler_with_optimizer) return 1;
-    if constexpr (accumulating) {
-      if (!accum_.sync) return 0;
-    }
-    if constexpr (precision_policy::uses_grad_scaler) {
-      if (precision_.step_skipped) return 0;
-    }
-    return num_processes();
-  }
-
-  /// Where prepared dataloaders register their iterations.
-  GradientState& gradient_state() noexcept { return core_.gradient_state; }
-
-  /// The engine (process group, stores) behind the Backend policy.
-  engine_type& engine() noexcept { return engine_; }
-
-  /// The accumulation counter and flag as saved by save_state.
-  StateDict accumulation_state() const {
-    StateDict s;
-    if constexpr (accumulating) {
-      s.values = {{"step", accum_.step}, {"sync_gradients", accum_.sync}, {"divisor", accum_.divisor}};
-    } else {
-      s.values = {{"step", 0}};
-    }
-    return s;
-  }
-  void load_accumulation_state(const StateDict& s) {
-    if constexpr (accumulating) {
-      accum_.step = s.value<std::size_t>("step");
-      accum_.sync = s.value<bool>("sync_gradients");
-      accum_.divisor = s.value<double>("divisor");
-    }
-  }
-
+ private:
   /// A description of the compile-time configuration and the options every rank must share,
   /// compared across ranks at start-up.
   static std::string fingerprint(const AcceleratorOptions& o) {
     std::ostringstream out;
-    out << "Backend=" << detail::type_name<backend_policy>()
-        << " Precision=" << detail::type_name<precision_policy>()
-        << " Accumulation=" << detail::type_name<accumulation_policy>()
-        << " Clip=" << detail::type_name<clip_policy>()
-        << " gradient_accumulation_steps=" << o.gradient_accumulation_steps
-        << " sync_with_dataloader=" << o.sync_with_dataloader << " max_norm=" << o.max_norm
-        << " clip_value=" << o.clip_value << " bucket_cap_bytes=" << o.bucket_cap_bytes
-        << " first_bucket_cap_bytes=" << o.first_bucket_cap_bytes
-        << " find_unused_parameters=" << o.find_unused_parameters
-        << " even_batches=" << o.even_batches;
+    out << detail::describe_slots(policies{})
+        << " accumulation.num_steps=" << o.accumulation.num_steps
+        << " accumulation.sync_with_dataloader=" << o.accumulation.sync_with_dataloader
+        << " clip.max_norm=" << o.clip.max_norm << " clip.clip_value=" << o.clip.clip_value
+        << " ddp.bucket_cap_bytes=" << o.ddp.bucket_cap_bytes
+        << " ddp.first_bucket_cap_bytes=" << o.ddp.first_bucket_cap_bytes
+        << " ddp.find_unused_parameters=" << o.ddp.find_unused_parameters
+        << " data.even_batches=" << o.data.even_batches;
     return out.str();
   }
 
- private:
   template <class Model>
   static const torch::nn::Module& module_of(const Model& model) {
     if constexpr (requires { model.unwrap(); }) return *detail::impl_pointer(model.unwrap());
@@ -789,32 +635,17 @@ class Accelerator {
   static constexpr bool is_prepared_here = detail::prepared_by<T, Accelerator>::value;
 
   checkpoint::StateSources state_sources() {
-    return {&core_.checkpoint,
+    return {&ctx_.core.checkpoint,
             process_index(),
             num_processes(),
-            distributed::writes_replicated_state(engine_),
-            fingerprint(core_.options),
+            distributed::writes_replicated_state(ctx_.engine),
+            fingerprint(ctx_.core.options),
             [this] { wait_for_everyone(); }};
   }
 
   static const AcceleratorOptions& validated(const AcceleratorOptions& options) {
     detail::validate(options);
     return options;
-  }
-
-  void check_device_supports_precision() {
-    if constexpr (backend_policy::requires_cuda) {
-      ACCELERATE_CHECK(core_.device.is_cuda(), "Accelerator<", backend_policy::name,
-                       ">: needs a CUDA device, but none is visible");
-    }
-    if constexpr (precision_policy::autocast) {
-      // Accelerate silently drops fp16 on the CPU; we refuse a dtype the device's autocast
-      // cannot compute in instead of training in another precision than the one asked for.
-      ACCELERATE_CHECK(compat::autocast_supports(core_.device.type(), precision_policy::dtype),
-                       "Accelerator: mixed precision '", precision_policy::name,
-                       "' is not supported by autocast on ", core_.device,
-                       " with LibTorch ", compat::torch_version, "; choose another Precision policy");
-    }
   }
 
   template <class T>
@@ -842,31 +673,25 @@ class Accelerator {
   auto prepare_model(M&& module) {
     using Holder = std::remove_cvref_t<M>;
     Holder holder = module;
-    holder->to(core_.device);
+    holder->to(ctx_.core.device);
     const std::string name = "model_" + std::to_string(count(detail::CheckpointEntry::Kind::model));
-    auto sync = engine_.make_model_sync(*holder, name, core_.options);
+    auto sync = ctx_.engine.make_model_sync(*holder, name, ctx_.core.options);
     std::shared_ptr<torch::nn::Module> shared = detail::module_pointer(holder);
-    core_.checkpoint.add_model(std::move(shared));
-    return PreparedModel<Holder, Accelerator>(std::move(holder), this, std::move(sync));
+    ctx_.core.checkpoint.add_model(std::move(shared));
+    return PreparedModel<Holder, Accelerator>(std::move(holder), &ctx_, std::move(sync));
   }
 
   template <class O>
   auto prepare_optimizer(O&& optimizer) {
     auto held = detail::hold(std::forward<O>(optimizer));
     using Optimizer = typename decltype(held)::element_type;
-    optimizer_amp_slot amp{};
-    if constexpr (precision_policy::uses_grad_scaler) {
-      amp = std::make_shared<OptimizerAmpState>();
-      amp->params = checkpoint::optimizer_detail::all_params(*held);
-      precision_.optimizers.push_back(amp);
-    }
-    PreparedOptimizer<Optimizer, Accelerator> prepared(held, this, amp);
+    PreparedOptimizer<Optimizer, Accelerator> prepared(held, &ctx_, ctx_.precision.add_optimizer(*held));
     // Built-in optimizers are checked in full before load_state changes anything, so they
     // need no snapshot (a copy of every moment) to be undone.
     std::function<void(const StateDict&)> check;
     if constexpr (!Stateful<Optimizer>)
       check = [held](const StateDict& s) { checkpoint::check_optimizer_state_dict(*held, s); };
-    core_.checkpoint.add(checkpoint::Entry::Kind::optimizer, checkpoint::EntryOwner::main_rank, prepared,
+    ctx_.core.checkpoint.add(checkpoint::Entry::Kind::optimizer, checkpoint::EntryOwner::main_rank, prepared,
                          std::move(check));
     return prepared;
   }
@@ -875,8 +700,8 @@ class Accelerator {
   auto prepare_scheduler(S&& scheduler) {
     auto held = detail::hold(std::forward<S>(scheduler));
     using Scheduler = typename decltype(held)::element_type;
-    PreparedScheduler<Scheduler, Accelerator> prepared(held, this);
-    core_.checkpoint.add(checkpoint::Entry::Kind::scheduler, checkpoint::EntryOwner::main_rank, prepared);
+    PreparedScheduler<Scheduler, Accelerator> prepared(held, &ctx_);
+    ctx_.core.checkpoint.add(checkpoint::Entry::Kind::scheduler, checkpoint::EntryOwner::main_rank, prepared);
     return prepared;
   }
 
@@ -893,11 +718,11 @@ class Accelerator {
       spec.rank = static_cast<std::size_t>(process_index());
       spec.shuffle = data.options.shuffle;
       spec.drop_last = data.options.drop_last;
-      spec.even_batches = core_.options.even_batches;
+      spec.even_batches = ctx_.core.options.data.even_batches;
       // Drawing a seed consumes the global generator, so only a shuffling loader does it.
       spec.seed = data.options.seed ? *data.options.seed : spec.shuffle ? shared_random_seed() : 0;
       ACCELERATE_CHECK(spec.batch_size > 0, "prepare: DataLoaderOptions::batch_size must be > 0");
-      return register_loader(PreparedDataLoader<Source, Accelerator>(Source(data.dataset, spec), this));
+      return register_loader(PreparedDataLoader<Source, Accelerator>(Source(data.dataset, spec), &ctx_));
     } else if constexpr (MapDataset<U>) {
       return prepare_data(DataLoader<U>(detail::hold(std::forward<D>(data))));
     } else {
@@ -907,7 +732,7 @@ class Accelerator {
       return register_loader(PreparedDataLoader<Source, Accelerator>(
           Source(held, static_cast<std::size_t>(num_processes()),
                  static_cast<std::size_t>(process_index())),
-          this));
+          &ctx_));
     }
   }
 
@@ -921,29 +746,17 @@ class Accelerator {
       for (const auto& [key, value] : state.values.items()) shape += key + "=" + value.dump() + " ";
       // (Without even_batches the counts may differ by design.)
       if constexpr (requires { loader.size(); })
-        if (core_.options.even_batches) shape += " batches_per_rank=" + std::to_string(loader.size());
+        if (ctx_.core.options.data.even_batches) shape += " batches_per_rank=" + std::to_string(loader.size());
       const std::string name = "dataloader_" + std::to_string(count(detail::CheckpointEntry::Kind::dataloader));
-      engine_.check_same_on_every_rank("prepare/" + name, shape,
+      ctx_.engine.check_same_on_every_rank("prepare/" + name, shape,
                                        "prepare: " + name + " must have the same batch size, length and "
                                        "options on every rank");
     }
-    core_.checkpoint.add(checkpoint::Entry::Kind::dataloader, checkpoint::EntryOwner::main_rank, loader);
+    ctx_.core.checkpoint.add(checkpoint::Entry::Kind::dataloader, checkpoint::EntryOwner::main_rank, loader);
     return loader;
   }
 
-  std::size_t count(detail::CheckpointEntry::Kind kind) const { return core_.checkpoint.count(kind); }
-
-  // The step states a checkpoint carries besides the objects: the grad scaler (one file,
-  // Fp16 only) and each rank's micro-step counter (beside its RNGs).
-  void register_step_states() {
-    if constexpr (precision_policy::uses_grad_scaler)
-      core_.checkpoint.add({checkpoint::Entry::Kind::scaler, checkpoint::EntryOwner::main_rank,
-                            [this] { return precision_.scaler.state_dict(); },
-                            [this](const StateDict& s) { precision_.scaler.load_state_dict(s); }});
-    core_.checkpoint.add({checkpoint::Entry::Kind::micro_step, checkpoint::EntryOwner::every_rank,
-                          [this] { return accumulation_state(); },
-                          [this](const StateDict& s) { load_accumulation_state(s); }});
-  }
+  std::size_t count(detail::CheckpointEntry::Kind kind) const { return ctx_.core.checkpoint.count(kind); }
 
   /// A seed drawn from torch's CPU generator on rank 0 and shared by all ranks.
   std::uint64_t shared_random_seed() {
@@ -954,8 +767,8 @@ class Accelerator {
       seed = generator.template get<at::CPUGeneratorImpl>()->random64();
     }
     if constexpr (distributed) {
-      at::Tensor value = at::tensor({static_cast<int64_t>(seed >> 1)}, at::kLong).to(core_.device);
-      engine_.broadcast(value, 0);  // on the device: NCCL takes no CPU tensors
+      at::Tensor value = at::tensor({static_cast<int64_t>(seed >> 1)}, at::kLong).to(ctx_.core.device);
+      ctx_.engine.broadcast(value, 0);  // on the device: NCCL takes no CPU tensors
       seed = static_cast<std::uint64_t>(value.item<int64_t>());
     } else {
       seed >>= 1;  // the same range as the distributed path
@@ -963,52 +776,12 @@ class Accelerator {
     return seed;
   }
 
-  void advance_micro_step() {
-    auto& a = accum_;
-    const auto& loader = core_.gradient_state;  // outside every prepared loop: nothing to follow
-    const bool follow_loader = core_.options.sync_with_dataloader;
-    if (a.sync) {
-      // A new window: divide by its real length when the dataloader ends it early, so the
-      // gradient is the window's mean (Accelerate always divides by N).
-      const std::size_t remaining = follow_loader ? loader.remaining() : 0;
-      a.divisor = static_cast<double>(remaining > 0 ? std::min(a.steps, remaining) : a.steps);
-    }
-    if (follow_loader && loader.end_of_dataloader()) {
-      a.step = 0;
-      a.sync = true;
-    } else {
-      ++a.step;
-      a.sync = a.step % a.steps == 0;
-    }
-  }
-
-  /// Unscales the gradients of the optimizers owning any of `params` for a user's clip call.
-  void unscale_owners(const std::vector<at::Tensor>& params, const char* caller) {
-    if constexpr (precision_policy::uses_grad_scaler) {
-      for (auto& amp : precision_.optimizers) {
-        const bool owns = std::any_of(params.begin(), params.end(), [&](const at::Tensor& p) {
-          return std::any_of(amp->params.begin(), amp->params.end(),
-                             [&](const at::Tensor& q) { return q.is_same(p); });
-        });
-        if (!owns) continue;
-        // Unscaling twice would divide the gradients by the scale twice.
-        ACCELERATE_CHECK(!amp->unscaled, caller, ": the gradients of these parameters were already "
-                         "unscaled in this optimizer step (a second clip call before opt.step()?); "
-                         "they are unscaled once per step, as torch.amp.GradScaler.unscale_");
-        precision_.scaler.unscale_(amp->params, *amp);
-      }
-    } else {
-      (void)params;
-      (void)caller;
-    }
-  }
-
   void refuse_nonfinite_loss(const at::Tensor& loss) {
-    const auto call = ++core_.losses_checked;
+    const auto call = ++ctx_.core.losses_checked;
     if (at::isfinite(loss.detach()).all().item<bool>()) return;
     std::ostringstream where;
     where << "backward call " << call << " since this Accelerator was created";
-    if constexpr (accumulating) where << " (micro-step " << accum_.step << " of the accumulation)";
+    if constexpr (accumulating) where << " (micro-step " << ctx_.accumulation.step() << " of the accumulation)";
     const at::Tensor values = loss.detach().flatten();
     const at::Tensor bad = values.masked_select(at::isfinite(values).logical_not());
     accelerate::detail::fail("backward: the loss is ", bad[0].item<double>(), " at ", where.str(), " on rank ",
@@ -1018,11 +791,7 @@ class Accelerator {
                              "this step's batch");
   }
 
-  [[no_unique_address]] engine_type engine_;
-  detail::CoreState core_;
-  [[no_unique_address]] detail::AccumulationState<accumulation_policy> accum_;
-  [[no_unique_address]] detail::PrecisionState<precision_policy> precision_;
-  [[no_unique_address]] detail::ClipState<clip_policy> clip_;
+  context_type ctx_;
 };
 
 }  // namespace accelerate

@@ -15,7 +15,7 @@
 
 namespace accelerate {
 
-namespace config_detail {
+namespace detail {
 
 /// Keys this library acts on.
 inline constexpr std::array<std::string_view, 5> used_keys = {
@@ -55,14 +55,14 @@ inline void check_value(const std::string& file, const std::string& key, const s
   detail::fail("config ", file, ": ", key, " is '", value, "'; valid values: ", options);
 }
 
-}  // namespace config_detail
+}  // namespace detail
 
 /// Reads `path` (an `accelerate config` YAML file). Unknown keys, and unknown values of the
 /// keys used here, are errors listing the valid ones.
 /// Example:
 ///   auto config = accelerate::load_run_config("default_config.yaml").with_environment();
 inline RunConfig load_run_config(const std::filesystem::path& path) {
-  using namespace config_detail;
+  using namespace detail;
   const std::string file = path.string();
   YAML::Node root;
   try {

@@ -15,6 +15,7 @@
 
 #include <accelerate/compat/torch.hpp>
 #include <accelerate/detail/type_name.hpp>
+#include <accelerate/policy/slots.hpp>
 #include <accelerate/distributed/process_environment.hpp>
 #include <accelerate/version.hpp>
 
@@ -80,10 +81,7 @@ inline std::string environment_report() {
 template <class Acc>
 std::string environment_report() {
   std::ostringstream out;
-  out << "- Policies: Backend=" << detail::type_name<typename Acc::backend_policy>()
-      << " Precision=" << detail::type_name<typename Acc::precision_policy>()
-      << " Accumulation=" << detail::type_name<typename Acc::accumulation_policy>()
-      << " Clip=" << detail::type_name<typename Acc::clip_policy>() << " (distributed_type "
+  out << "- Policies: " << detail::describe_slots(typename Acc::policies{}) << " (distributed_type "
       << Acc::distributed_type() << ", mixed_precision " << Acc::mixed_precision() << ")\n";
   return out.str() + environment_report();
 }

@@ -35,51 +35,60 @@ struct GatherForMetricsOptions {
   bool use_gather_object = false;
 };
 
-/// Run-time options of an Accelerator. The compile-time choices are its policy types.
+/// Gradient accumulation, read by the Accumulation policy's step state (Accelerate's
+/// GradientAccumulationPlugin).
 /// Example:
-///   Acc acc{{.seed = 42, .max_norm = 1.0, .project = {.project_dir = "runs/a"}}};
-struct AcceleratorOptions {
-  // --- device and seeding ---
-  /// Run on the CPU even when a CUDA device is visible (SingleProcess only).
-  bool cpu = false;
-  /// When set, set_seed(seed) runs in the constructor: torch's CPU and CUDA generators.
-  std::optional<std::uint64_t> seed;
-  /// Keep freed CPU buffers in the process heap instead of returning them to the system and
-  /// faulting them in again every step (glibc: mmap threshold 32 MB, trim threshold 128 MB,
-  /// for the whole process). False keeps the C library's defaults.
-  bool retain_freed_memory = true;
-
-  // --- gradient accumulation ---
+///   Acc acc{{.accumulation = {.num_steps = 8}}};   // with AccumulateDynamic
+struct AccumulationOptions {
   /// Micro-steps per optimizer step for AccumulateDynamic. For Accumulate<N> it may be left 0
   /// or must equal N (a mismatch is an error rather than a silent override).
-  std::size_t gradient_accumulation_steps = 0;
+  std::size_t num_steps = 0;
   /// Force a sync (and an optimizer step) on the last batch of a prepared dataloader.
   bool sync_with_dataloader = true;
-  /// Step prepared schedulers only when the optimizer really stepped (num_processes times, as
-  /// Accelerate does); false steps them on every call.
-  bool step_scheduler_with_optimizer = true;
+};
 
-  // --- the training step ---
-  /// backward() raises accelerate::Error when the loss is NaN or infinite, naming the call and
-  /// the rank, before autograd runs (so no gradient, and no parameter, is touched). Costs one
-  /// device-to-host read of the loss per backward when on, nothing when off. Set it alike on
-  /// every rank: the rank that raises leaves its peers waiting in the gradient all-reduce
-  /// until a launcher or the timeout stops them.
-  bool check_finite_loss = false;
-
-  // --- clipping (ClipNorm / ClipValue policies) ---
+/// Clipping thresholds, read by the Clip policy's step state (the norm type is in ClipNorm<P>).
+/// Example:
+///   Acc acc{{.clip = {.max_norm = 0.5}}};
+struct ClipOptions {
+  /// ClipNorm: the largest global gradient norm.
   double max_norm = 1.0;
+  /// ClipValue: every gradient element is clamped to [-clip_value, clip_value].
   double clip_value = 1.0;
+};
 
-  // --- mixed precision ---
+/// Mixed precision, read by the Precision policy's step state and the prepared model
+/// (Accelerate's GradScalerKwargs and AutocastKwargs).
+/// Example:
+///   Acc acc{{.precision = {.grad_scaler = {.init_scale = 1024.0}}}};
+struct PrecisionOptions {
+  /// Dynamic loss scaling (Fp16 only).
   GradScalerOptions grad_scaler{};
   /// Return the prepared model's floating outputs as fp32 under Bf16/Fp16 (Accelerate's
   /// convert_to_fp32).
   bool convert_outputs_to_fp32 = true;
+};
 
-  // --- distributed ---
+/// The process group every distributed engine builds (Accelerate's InitProcessGroupKwargs).
+/// Example:
+///   Acc acc{{.process_group = {.timeout = std::chrono::seconds(60)}}};
+struct ProcessGroupOptions {
   /// Rendezvous and collective timeout: nothing waits longer than this for a peer.
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  /// Check every collective across ranks before it runs (Accelerate's debug mode; also turned
+  /// on by ACCELERATE_DEBUG_MODE=1): ranks that call different collectives, or one with
+  /// different sizes — a rank in backward while another reduces a metric — get an
+  /// accelerate::Error naming both, never a Gloo abort. Costs one small all-gather per
+  /// collective. User-facing collectives (gather, reduce, broadcast, pad_across_processes)
+  /// always check their tensors, this on or off.
+  bool verify_collectives = false;
+};
+
+/// Replicated data parallel's gradient reducer (PyTorch's DistributedDataParallel arguments,
+/// Accelerate's DistributedDataParallelKwargs).
+/// Example:
+///   Acc acc{{.ddp = {.bucket_cap_bytes = 8 << 20, .find_unused_parameters = true}}};
+struct DdpOptions {
   /// Gradient bucket size cap. 4 MiB was the fastest measured on 2-core CPU hosts
   /// (bench/README.md); DDP's 25 MB gives one bucket and no overlap on small models.
   std::size_t bucket_cap_bytes = std::size_t{4} << 20;
@@ -91,57 +100,95 @@ struct AcceleratorOptions {
   bool broadcast_buffers = true;
   /// Tolerate parameters that get no gradient in a backward pass (DDP's option of that name).
   bool find_unused_parameters = false;
-  /// Pad the last batches by wrapping so every rank gets as many full batches (Accelerate's
-  /// even_batches).
+};
+
+/// How prepared dataloaders shard (Accelerate's DataLoaderConfiguration).
+/// Example:
+///   Acc acc{{.data = {.even_batches = false}}};
+struct DataOptions {
+  /// Pad the last batches by wrapping so every rank gets as many full batches.
   bool even_batches = true;
-  /// Check every collective across ranks before it runs (Accelerate's debug mode; also turned
-  /// on by ACCELERATE_DEBUG_MODE=1): ranks that call different collectives, or one with
-  /// different sizes — a rank in backward while another reduces a metric — get an
-  /// accelerate::Error naming both, never a Gloo abort. Costs one small
-  /// all-gather per collective. User-facing collectives (gather, reduce, broadcast,
-  /// pad_across_processes) always check their tensors, this on or off.
-  bool verify_collectives = false;
+};
 
-  // --- checkpoints ---
-  ProjectConfiguration project{};
-
-  // --- experiment tracking ---
-  /// Built-in trackers started by init_trackers(): "jsonl", "csv", "tensorboard" or "all".
+/// Experiment trackers started by Accelerator::init_trackers.
+/// Example:
+///   Acc acc{{.tracking = {.log_with = {"tensorboard"}, .logging_dir = "runs/logs"}}};
+struct TrackingOptions {
+  /// Built-in trackers: "jsonl", "csv", "tensorboard" or "all".
   std::vector<std::string> log_with;
   /// Where they write; empty means project.project_dir (or "." without one).
   std::filesystem::path logging_dir;
+};
+
+/// Run-time options of an Accelerator, grouped by the part that reads them; the compile-time
+/// choices are its policy types. Every default is written once, at its member.
+/// Example:
+///   Acc acc{{.seed = 42, .clip = {.max_norm = 1.0}, .project = {.project_dir = "runs/a"}}};
+struct AcceleratorOptions {
+  // --- device and seeding ---
+  /// Run on the CPU even when a CUDA device is visible (SingleProcess only).
+  bool cpu = false;
+  /// When set, set_seed(seed) runs in the constructor: torch's CPU and CUDA generators.
+  std::optional<std::uint64_t> seed;
+  /// Keep freed CPU buffers in the process heap instead of returning them to the system and
+  /// faulting them in again every step (glibc: mmap threshold 32 MB, trim threshold 128 MB,
+  /// for the whole process). False keeps the C library's defaults.
+  bool retain_freed_memory = true;
+
+  // --- the training step ---
+  /// Step prepared schedulers only when the optimizer really stepped (num_processes times, as
+  /// Accelerate does); false steps them on every call.
+  bool step_scheduler_with_optimizer = true;
+  /// backward() raises accelerate::Error when the loss is NaN or infinite, naming the call and
+  /// the rank, before autograd runs (so no gradient, and no parameter, is touched). Costs one
+  /// device-to-host read of the loss per backward when on, nothing when off. Set it alike on
+  /// every rank: the rank that raises leaves its peers waiting in the gradient all-reduce
+  /// until a launcher or the timeout stops them.
+  bool check_finite_loss = false;
+
+  // --- one group per part of the library ---
+  AccumulationOptions accumulation{};
+  ClipOptions clip{};
+  PrecisionOptions precision{};
+  ProcessGroupOptions process_group{};
+  DdpOptions ddp{};
+  DataOptions data{};
+  /// Checkpoints: folder, automatic naming, rotation (Accelerate's ProjectConfiguration).
+  ProjectConfiguration project{};
+  TrackingOptions tracking{};
 };
 
 namespace detail {
 
 /// Checks the options once; errors name the field and the bad value.
 inline void validate(const AcceleratorOptions& o) {
-  ACCELERATE_CHECK(std::isfinite(o.max_norm) && o.max_norm > 0,
-                   "AcceleratorOptions::max_norm must be a positive number, got ", o.max_norm);
-  ACCELERATE_CHECK(std::isfinite(o.clip_value) && o.clip_value > 0,
-                   "AcceleratorOptions::clip_value must be a positive number, got ", o.clip_value);
-  ACCELERATE_CHECK(o.timeout.count() > 0, "AcceleratorOptions::timeout must be positive, got ",
-                   o.timeout.count(), " ms");
-  ACCELERATE_CHECK(o.bucket_cap_bytes > 0 && o.first_bucket_cap_bytes > 0,
-                   "AcceleratorOptions::bucket_cap_bytes and first_bucket_cap_bytes must be > 0");
-  const auto& s = o.grad_scaler;
+  ACCELERATE_CHECK(std::isfinite(o.clip.max_norm) && o.clip.max_norm > 0,
+                   "AcceleratorOptions::clip.max_norm must be a positive number, got ", o.clip.max_norm);
+  ACCELERATE_CHECK(std::isfinite(o.clip.clip_value) && o.clip.clip_value > 0,
+                   "AcceleratorOptions::clip.clip_value must be a positive number, got ", o.clip.clip_value);
+  ACCELERATE_CHECK(o.process_group.timeout.count() > 0,
+                   "AcceleratorOptions::process_group.timeout must be positive, got ",
+                   o.process_group.timeout.count(), " ms");
+  ACCELERATE_CHECK(o.ddp.bucket_cap_bytes > 0 && o.ddp.first_bucket_cap_bytes > 0,
+                   "AcceleratorOptions::ddp.bucket_cap_bytes and ddp.first_bucket_cap_bytes must be > 0");
+  const auto& s = o.precision.grad_scaler;
   ACCELERATE_CHECK(s.init_scale > 0 && std::isfinite(s.init_scale),
-                   "AcceleratorOptions::grad_scaler.init_scale must be positive, got ", s.init_scale);
-  ACCELERATE_CHECK(s.growth_factor > 1.0, "AcceleratorOptions::grad_scaler.growth_factor must be > 1, got ",
-                   s.growth_factor);
+                   "AcceleratorOptions::precision.grad_scaler.init_scale must be positive, got ", s.init_scale);
+  ACCELERATE_CHECK(s.growth_factor > 1.0,
+                   "AcceleratorOptions::precision.grad_scaler.growth_factor must be > 1, got ", s.growth_factor);
   ACCELERATE_CHECK(s.backoff_factor > 0.0 && s.backoff_factor < 1.0,
-                   "AcceleratorOptions::grad_scaler.backoff_factor must be in (0, 1), got ",
+                   "AcceleratorOptions::precision.grad_scaler.backoff_factor must be in (0, 1), got ",
                    s.backoff_factor);
   ACCELERATE_CHECK(s.growth_interval > 0,
-                   "AcceleratorOptions::grad_scaler.growth_interval must be > 0, got ",
+                   "AcceleratorOptions::precision.grad_scaler.growth_interval must be > 0, got ",
                    s.growth_interval);
   ACCELERATE_CHECK(!o.project.automatic_checkpoint_naming || !o.project.project_dir.empty(),
                    "AcceleratorOptions::project.automatic_checkpoint_naming needs project.project_dir");
   ACCELERATE_CHECK(!o.project.total_limit || *o.project.total_limit > 0,
                    "AcceleratorOptions::project.total_limit must be > 0 when set");
-  for (const auto& name : o.log_with)
+  for (const auto& name : o.tracking.log_with)
     ACCELERATE_CHECK(name == "jsonl" || name == "csv" || name == "tensorboard" || name == "all",
-                     "AcceleratorOptions::log_with: unknown tracker '", name,
+                     "AcceleratorOptions::tracking.log_with: unknown tracker '", name,
                      "'; valid: jsonl, csv, tensorboard, all (add your own with add_tracker)");
 }
 

@@ -15,6 +15,7 @@
 #include <accelerate/accelerator.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/env.hpp>
+#include <accelerate/policy/slots.hpp>
 
 namespace accelerate {
 
@@ -64,8 +65,8 @@ struct RunConfig {
 
   /// The AcceleratorOptions fields this configuration decides.
   AcceleratorOptions apply(AcceleratorOptions options) const {
-    if (gradient_accumulation_steps > 1) options.gradient_accumulation_steps = gradient_accumulation_steps;
-    if (max_grad_norm) options.max_norm = *max_grad_norm;
+    if (gradient_accumulation_steps > 1) options.accumulation.num_steps = gradient_accumulation_steps;
+    if (max_grad_norm) options.clip.max_norm = *max_grad_norm;
     return options;
   }
 };
@@ -85,9 +86,8 @@ bool preset_matches(const RunConfig& config) {
     return false;
   }
   using C = typename Acc::clip_policy;
-  if (config.max_grad_norm.has_value() != (C::kind == ClipKind::norm)) return false;
-  if (C::kind == ClipKind::norm && C::norm_type != 2.0) return false;
-  return true;
+  if (config.max_grad_norm.has_value() != is_clip_norm<C>) return false;
+  return !is_clip_norm<C> || std::is_same_v<C, ClipNorm<>>;  // Accelerate's max_grad_norm is the L2 norm
 }
 
 template <class Acc>
@@ -97,15 +97,11 @@ std::string preset_description() {
   out << "distributed_type=" << Acc::distributed_type() << " mixed_precision=" << Acc::mixed_precision()
       << " gradient_accumulation_steps="
       << (A::dynamic ? std::string("any>1") : std::to_string(A::steps))
-      << " max_grad_norm=" << (Acc::clip_policy::kind == ClipKind::norm ? "set" : "unset");
+      << " max_grad_norm=" << (is_clip_norm<typename Acc::clip_policy> ? "set" : "unset");
   return out.str();
 }
 
 }  // namespace detail
-
-/// A list of types (of presets, or of policies for one slot).
-template <class... Ts>
-struct type_list {};
 
 namespace detail {
 template <class... Lists>

@@ -50,8 +50,8 @@ Case read_case() {
 template <class Acc>
 int train(const Case& c) {
   Acc acc{{.seed = 11,
-           .gradient_accumulation_steps = c.accum > 1 ? c.accum : 0,
-           .timeout = 60s,
+           .accumulation = {.num_steps = c.accum > 1 ? c.accum : 0},
+           .process_group = {.timeout = 60s},
            .project = {.project_dir = c.project, .automatic_checkpoint_naming = true}}};
   ResumeNet net;
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));

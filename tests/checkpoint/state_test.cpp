@@ -508,7 +508,7 @@ TEST(SaveState, ExplicitFolderIsReplacedAtomically) {
 
 TEST(SaveState, Fp16ScalerIsSaved) {
   TempDir dir;
-  accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp16> acc{{.cpu = true, .grad_scaler = {.init_scale = 64.0}}};
+  accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp16> acc{{.cpu = true, .precision = {.grad_scaler = {.init_scale = 64.0}}}};
   TinyNet net;
   torch::optim::SGD sgd(net->parameters(), 0.1);
   auto [model, opt] = acc.prepare(net, sgd);

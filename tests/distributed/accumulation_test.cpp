@@ -25,7 +25,7 @@ constexpr int64_t kBatch = 8;
 ACCELERATE_WORKER(accumulate_two_ranks) {
   using Acc = accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::Accumulate<kMicro>,
                                       accelerate::ClipNorm<>>;
-  Acc acc{{.max_norm = 0.5, .timeout = 60s}};
+  Acc acc{{.clip = {.max_norm = 0.5}, .process_group = {.timeout = 60s}}};
   const int world = acc.num_processes();
   torch::manual_seed(3);
   TinyNet net;
@@ -72,7 +72,7 @@ TEST(AccumulationTwoRanks, EqualsOneProcessAndSyncsOncePerOptimizerStep) {
   // One process, no accumulation, batch world * N * b: the same samples per optimizer step.
   using Single = accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32, accelerate::NoAccumulation,
                                          accelerate::ClipNorm<>>;
-  Single acc{{.cpu = true, .max_norm = 0.5}};
+  Single acc{{.cpu = true, .clip = {.max_norm = 0.5}}};
   torch::manual_seed(3);
   TinyNet net;
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -104,7 +104,7 @@ ACCELERATE_WORKER(no_sync_bytes) {
   const char* every = std::getenv("ACCELERATE_TEST_ARGS");
   const bool sync_every = every && std::string(every).find("every") != std::string::npos;
   accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::AccumulateDynamic> acc{
-      {.gradient_accumulation_steps = sync_every ? 1u : 8u, .timeout = 60s}};
+      {.accumulation = {.num_steps = sync_every ? 1u : 8u}, .process_group = {.timeout = 60s}}};
   TinyNet net;
   auto [model] = acc.prepare(net);
   const auto x = torch::randn({4, 8});
@@ -134,7 +134,7 @@ TEST(AccumulationTwoRanks, NoSyncCommunicatesOneNthOfTheBytes) {
 // accumulate() inside no_sync(): the inner scope restores what it found, so the whole
 // no_sync block communicates nothing, the boundary micro-step included.
 ACCELERATE_WORKER(accumulate_inside_no_sync) {
-  accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::Accumulate<2>> acc{{.timeout = 60s}};
+  accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::Accumulate<2>> acc{{.process_group = {.timeout = 60s}}};
   TinyNet net;
   auto [model] = acc.prepare(net);
   const auto x = torch::randn({4, 8});
@@ -162,7 +162,7 @@ TEST(AccumulationTwoRanks, AccumulateInsideNoSyncStaysSilent) {
 
 // print() prints once per node: here two "nodes" of one rank each.
 ACCELERATE_WORKER(print_per_node) {
-  accelerate::Accelerator<accelerate::Gloo> acc{{.timeout = 60s}};
+  accelerate::Accelerator<accelerate::Gloo> acc{{.process_group = {.timeout = 60s}}};
   acc.print("printed by rank", acc.process_index());
   return 0;
 }

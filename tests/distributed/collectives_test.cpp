@@ -33,7 +33,7 @@ int dataset_size_from_args() {
 }
 
 ACCELERATE_WORKER(gather_for_metrics) {
-  Acc acc{{.timeout = 60s}};
+  Acc acc{{.process_group = {.timeout = 60s}}};
   const int n = dataset_size_from_args();
   auto ids = torch::arange(n, torch::kFloat).unsqueeze(1);
   auto [loader] = acc.prepare(accelerate::DataLoader(accelerate::data::TensorDataset(ids, torch::arange(n)),
@@ -47,7 +47,7 @@ ACCELERATE_WORKER(gather_for_metrics) {
 // Results concatenated per rank during the loop and gathered after it: nothing is dropped,
 // since no loader is being iterated any more (the last batch's remainder must not stick).
 ACCELERATE_WORKER(gather_for_metrics_after_loop) {
-  Acc acc{{.timeout = 60s}};
+  Acc acc{{.process_group = {.timeout = 60s}}};
   const int n = dataset_size_from_args();
   auto ids = torch::arange(n, torch::kFloat).unsqueeze(1);
   auto [loader] = acc.prepare(accelerate::DataLoader(accelerate::data::TensorDataset(ids, torch::arange(n)),
@@ -69,7 +69,7 @@ TEST(GatherForMetricsAfterLoop, KeepsEveryRowOfEveryRank) {
 // Object collectives: strings, maps and vectors travel as JSON; gather_for_metrics of a vector
 // of non-tensor values drops the duplicated samples like the tensor path.
 ACCELERATE_WORKER(object_collectives) {
-  Acc acc{{.timeout = 60s}};
+  Acc acc{{.process_group = {.timeout = 60s}}};
   const int rank = acc.process_index();
   const auto names = acc.gather_object(std::string("rank ") + std::to_string(rank));
   const auto config = acc.broadcast_object(std::map<std::string, double>{{"lr", rank == 0 ? 0.5 : -1.0}});
@@ -99,7 +99,7 @@ TEST(ObjectCollectives, GatherBroadcastAndGatherForMetricsOfValues) {
 // Ranks whose loaders have different batch sizes are named at prepare(), on both ranks,
 // instead of aborting inside Gloo or silently averaging unequal batches later.
 ACCELERATE_WORKER(loaders_differ) {
-  Acc acc{{.timeout = 60s}};
+  Acc acc{{.process_group = {.timeout = 60s}}};
   const int rank = acc.process_index();
   const auto batch = static_cast<std::size_t>(4 + 4 * rank);
   try {
@@ -138,7 +138,7 @@ INSTANTIATE_TEST_SUITE_P(Uneven, GatherForMetrics,
                          ::testing::Values(std::pair{2, 10}, std::pair{3, 11}, std::pair{2, 8}));
 
 ACCELERATE_WORKER(collectives) {
-  Acc acc{{.timeout = 60s}};
+  Acc acc{{.process_group = {.timeout = 60s}}};
   const int rank = acc.process_index(), world = acc.num_processes();
   auto fail = [&](int code, const std::string& what) {
     std::cerr << "rank " << rank << ": " << what << std::endl;
@@ -217,7 +217,7 @@ TEST(Collectives, WorkOnTensorsAndNestedContainers) {
 // every rank naming both ranks and what they passed (never a Gloo abort or a hang), and the
 // group still works afterwards.
 ACCELERATE_WORKER(mismatched_collectives) {
-  Acc acc{{.timeout = 30s}};
+  Acc acc{{.process_group = {.timeout = 30s}}};
   const int rank = acc.process_index();
   int failures = 0;
   auto expect_error = [&](const std::string& name, auto&& call, std::vector<std::string> expected) {
@@ -272,7 +272,7 @@ TEST(Collectives, MismatchedTensorsAreAnErrorOnEveryRankNamingBoth) {
 // backward (gradient buckets) while rank 1 reduces a metric — fails on both ranks naming both
 // collectives, after a few verified steps that train as usual.
 ACCELERATE_WORKER(unmatched_collectives_verified) {
-  Acc acc{{.timeout = 30s, .verify_collectives = true}};
+  Acc acc{{.process_group = {.timeout = 30s, .verify_collectives = true}}};
   const int rank = acc.process_index();
   accelerate::testing::TinyNet net;
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
@@ -299,7 +299,7 @@ TEST(VerifyCollectives, RanksInDifferentCollectivesFailNamingBoth) {
   EXPECT_EQ(job.exit_code, 7) << job.logs();
   for (const int rank : {0, 1}) {
     const auto log = job.log(rank);
-    EXPECT_NE(log.find("collective mismatch (AcceleratorOptions::verify_collectives): rank 0 calls all_reduce of "),
+    EXPECT_NE(log.find("collective mismatch (ProcessGroupOptions::verify_collectives): rank 0 calls all_reduce of "),
               std::string::npos)
         << log;
     EXPECT_NE(log.find("but rank 1 calls all_gather of 16 Long elements"), std::string::npos) << log;
@@ -307,7 +307,7 @@ TEST(VerifyCollectives, RanksInDifferentCollectivesFailNamingBoth) {
 }
 
 ACCELERATE_WORKER(join_only) {
-  Acc acc{{.timeout = 3s}};
+  Acc acc{{.process_group = {.timeout = 3s}}};
   return 0;
 }
 
@@ -340,9 +340,9 @@ TEST(Rendezvous, AMissingPeerFailsClearlyWithinTheTimeout) {
 
 ACCELERATE_WORKER(mismatched_policies) {
   if (std::getenv("RANK") == std::string("1")) {
-    accelerate::Accelerator<accelerate::Gloo, accelerate::Bf16> acc{{.timeout = 20s}};
+    accelerate::Accelerator<accelerate::Gloo, accelerate::Bf16> acc{{.process_group = {.timeout = 20s}}};
   } else {
-    Acc acc{{.timeout = 20s}};
+    Acc acc{{.process_group = {.timeout = 20s}}};
   }
   return 0;
 }
@@ -356,7 +356,7 @@ TEST(Rendezvous, RanksWithDifferentPoliciesAreNamedOnBothSides) {
 }
 
 ACCELERATE_WORKER(mismatched_models) {
-  Acc acc{{.timeout = 20s}};
+  Acc acc{{.process_group = {.timeout = 20s}}};
   accelerate::testing::TinyNet net(8, acc.process_index() == 0 ? 16 : 12, 4);
   auto [model] = acc.prepare(net);
   return 0;

@@ -45,7 +45,7 @@ torch::Tensor train_steps(Acc& acc, int64_t batch_size, std::size_t dataset_size
 }
 
 ACCELERATE_WORKER(train_gloo) {
-  accelerate::Accelerator<accelerate::Gloo> acc{{.timeout = 60s}};
+  accelerate::Accelerator<accelerate::Gloo> acc{{.process_group = {.timeout = 60s}}};
   const auto world = acc.num_processes();
   auto params = train_steps(acc, kPerRankBatch, static_cast<std::size_t>(kSteps * kPerRankBatch * world));
   save_tensor(job_dir() / ("params_rank" + std::to_string(acc.process_index()) + ".bin"), params);
@@ -79,7 +79,7 @@ torch::Tensor flat_grads(const torch::nn::Module& module) {
 ACCELERATE_WORKER(buckets_average) {
   // Small buckets: several all-reduces per backward, launched from hooks during backward.
   accelerate::Accelerator<accelerate::Gloo> acc{
-      {.timeout = 60s, .bucket_cap_bytes = 1024, .first_bucket_cap_bytes = 16}};
+      {.process_group = {.timeout = 60s}, .ddp = {.bucket_cap_bytes = 1024, .first_bucket_cap_bytes = 16}}};
   TinyNet net(8, 64, 4);
   auto [model] = acc.prepare(net);
   auto* reducer = model.model_sync().reducer();
@@ -123,7 +123,7 @@ TORCH_MODULE(Branchy);
 
 ACCELERATE_WORKER(unused_parameters) {
   const bool tolerate = std::getenv("ACCELERATE_TEST_ARGS") && std::string(std::getenv("ACCELERATE_TEST_ARGS")).find("find") != std::string::npos;
-  accelerate::Accelerator<accelerate::Gloo> acc{{.timeout = 60s, .find_unused_parameters = tolerate}};
+  accelerate::Accelerator<accelerate::Gloo> acc{{.process_group = {.timeout = 60s}, .ddp = {.find_unused_parameters = tolerate}}};
   Branchy net;
   auto [model] = acc.prepare(net);
   acc.backward(model(torch::randn({4, 8}), true).sum());  // every parameter used
@@ -156,7 +156,8 @@ TEST(DataParallelGradients, UnusedParametersAreNamedOrToleratedOnRequest) {
 // And the unused fc2 sits in the first buckets to launch: they must not hold the others back.
 ACCELERATE_WORKER(unused_parameters_like_ddp) {
   accelerate::Accelerator<accelerate::Gloo> acc{
-      {.timeout = 60s, .bucket_cap_bytes = 1, .first_bucket_cap_bytes = 1, .find_unused_parameters = true}};
+      {.process_group = {.timeout = 60s},
+       .ddp = {.bucket_cap_bytes = 1, .first_bucket_cap_bytes = 1, .find_unused_parameters = true}}};
   const int rank = acc.process_index();
   torch::manual_seed(0);
   Branchy net;
@@ -208,7 +209,7 @@ TEST(DataParallelGradients, UnusedParametersFollowPyTorchDdp) {
 // without it each rank's drift from its own data.
 ACCELERATE_WORKER(broadcast_buffers) {
   const bool broadcast = !(std::getenv("ACCELERATE_TEST_ARGS") && std::string(std::getenv("ACCELERATE_TEST_ARGS")).find("off") != std::string::npos);
-  accelerate::Accelerator<accelerate::Gloo> acc{{.timeout = 60s, .broadcast_buffers = broadcast}};
+  accelerate::Accelerator<accelerate::Gloo> acc{{.process_group = {.timeout = 60s}, .ddp = {.broadcast_buffers = broadcast}}};
   const int rank = acc.process_index();
   torch::manual_seed(0);
   accelerate::testing::Wide net;

@@ -252,7 +252,7 @@ struct GlooHarness {
 
 template <class Case>
 int run_gloo_case(Case&& body) {
-  GlooEngine engine(AcceleratorOptions{.timeout = std::chrono::seconds(30)}, "conformance");
+  GlooEngine engine(AcceleratorOptions{.process_group = {.timeout = std::chrono::seconds(30)}}, "conformance");
   try {
     body(engine);
     return 0;

@@ -57,7 +57,7 @@ TEST(Precision, AnUnsupportedAutocastDtypeIsAnErrorNotAFallback) {
 }
 
 TEST(Precision, OutputsCanStayInTheAutocastDtype) {
-  accelerate::Accelerator<accelerate::SingleProcess, accelerate::Bf16> acc{{.cpu = true, .convert_outputs_to_fp32 = false}};
+  accelerate::Accelerator<accelerate::SingleProcess, accelerate::Bf16> acc{{.cpu = true, .precision = {.convert_outputs_to_fp32 = false}}};
   Probe net;
   auto [model] = acc.prepare(net);
   EXPECT_EQ(model(torch::randn({4, 8})).scalar_type(), torch::kBFloat16);
@@ -158,7 +158,7 @@ TEST(GradScaler, UnscalesBeforeTheOptimizerStep) {
 }
 
 TEST(GradScaler, AShortGrowthIntervalDoublesTheScale) {
-  Fp16 acc{{.cpu = true, .grad_scaler = {.init_scale = 1024.0, .growth_interval = 3}}};
+  Fp16 acc{{.cpu = true, .precision = {.grad_scaler = {.init_scale = 1024.0, .growth_interval = 3}}}};
   TinyNet net;
   torch::optim::SGD sgd(net->parameters(), 0.01);
   auto [model, opt] = acc.prepare(net, sgd);
@@ -175,7 +175,7 @@ TEST(GradScaler, AShortGrowthIntervalDoublesTheScale) {
 
 TEST(GradScaler, WithAccumulationActsOnSyncStepsOnly) {
   accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp16, accelerate::Accumulate<2>> acc{
-      {.cpu = true, .grad_scaler = {.init_scale = 256.0, .growth_interval = 2}}};
+      {.cpu = true, .precision = {.grad_scaler = {.init_scale = 256.0, .growth_interval = 2}}}};
   TinyNet net;
   torch::optim::SGD sgd(net->parameters(), 0.01);
   auto [model, opt] = acc.prepare(net, sgd);
@@ -198,7 +198,7 @@ TEST(GradScaler, WithAccumulationActsOnSyncStepsOnly) {
 TEST(GradScaler, ManualClippingOffABoundaryDoesNothing) {
   using Acc = accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp16, accelerate::Accumulate<2>>;
   auto train = [](bool clip_every_micro_step, bool by_value) {
-    Acc acc{{.cpu = true, .grad_scaler = {.init_scale = 1024.0}}};
+    Acc acc{{.cpu = true, .precision = {.grad_scaler = {.init_scale = 1024.0}}}};
     torch::manual_seed(5);
     TinyNet net;
     torch::optim::SGD sgd(net->parameters(), 0.01);
@@ -259,7 +259,7 @@ TEST(GradScaler, StateRoundTrips) {
 }
 
 ACCELERATE_WORKER(overflow_on_one_rank) {
-  accelerate::Accelerator<accelerate::Gloo, accelerate::Fp16> acc{{.timeout = 60s}};
+  accelerate::Accelerator<accelerate::Gloo, accelerate::Fp16> acc{{.process_group = {.timeout = 60s}}};
   TinyNet net;
   torch::optim::SGD sgd(net->parameters(), 0.1);
   auto [model, opt] = acc.prepare(net, sgd);

@@ -146,7 +146,7 @@ TEST(RankFailure, TheLauncherNamesAStoppedRankAsTheCause) {
 // survivors notice by themselves within the timeout and name the rank that stopped.
 void expect_survivors_name(int dead_rank, const std::string& expected) {
   TempDir dir;
-  const std::string port = std::to_string(accelerate::launch_detail::free_port());
+  const std::string port = std::to_string(accelerate::detail::free_port());
   std::vector<Process> ranks;
   const auto start = Clock::now();
   for (int r = 0; r < 3; ++r) {
@@ -373,13 +373,13 @@ TEST(Preemption, ASecondSigtermMomentsLaterIsAbsorbed) {
 ACCELERATE_WORKER(accumulation_steps_from_env) {
   const auto steps = static_cast<std::size_t>(std::atoi(std::getenv("TEST_ACCUM")));
   accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::AccumulateDynamic> acc{
-      {.gradient_accumulation_steps = steps, .timeout = 20s}};
+      {.accumulation = {.num_steps = steps}, .process_group = {.timeout = 20s}}};
   return 0;
 }
 
 TEST(Misconfiguration, DifferentWorldSizesOrOptionsAreNamedOnBothSides) {
   TempDir dir;
-  const std::string port = std::to_string(accelerate::launch_detail::free_port());
+  const std::string port = std::to_string(accelerate::detail::free_port());
   auto rank = [&](int r, const std::string& world, const std::string& accum) {
     return spawn({"/proc/self/exe"},
                  {{"ACCELERATE_TEST_WORKER", "accumulation_steps_from_env"}, {"ACCELERATE_TEST_DIR", dir.path().string()},
@@ -411,7 +411,7 @@ TEST(Misconfiguration, DifferentWorldSizesOrOptionsAreNamedOnBothSides) {
 // instead of joining in place of the first (and a third process failing 15 s later).
 TEST(Misconfiguration, TheSameRankTwiceIsNamed) {
   TempDir dir;
-  const std::string port = std::to_string(accelerate::launch_detail::free_port());
+  const std::string port = std::to_string(accelerate::detail::free_port());
   std::vector<Process> processes;
   for (const int r : {0, 1, 1}) {
     processes.push_back(spawn(

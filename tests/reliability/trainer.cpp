@@ -51,7 +51,7 @@ struct Args {
 
 int train(const Args& a) {
   using namespace std::chrono;
-  accelerate::AcceleratorOptions options{.seed = 5, .timeout = seconds(a.timeout)};
+  accelerate::AcceleratorOptions options{.seed = 5, .process_group = {.timeout = seconds(a.timeout)}};
   if (!a.project.empty())
     options.project = {.project_dir = a.project, .automatic_checkpoint_naming = true, .total_limit = 3};
   accelerate::Accelerator<accelerate::Gloo> acc{options};

@@ -50,7 +50,7 @@ JobResult run_job(const std::string& name, const JobOptions& options) {
   std::vector<int> ranks = options.ranks;
   if (ranks.empty())
     for (int r = 0; r < options.world_size; ++r) ranks.push_back(r);
-  const std::string port = std::to_string(launch_detail::free_port());
+  const std::string port = std::to_string(detail::free_port());
   std::vector<RankProcess> processes;
   for (const int rank : ranks) {
     RankProcess p;
@@ -95,7 +95,7 @@ torch::Tensor load_tensor(const std::filesystem::path& path) {
 
 int multiprocess_main(int argc, char** argv) {
   if (const char* name = std::getenv("ACCELERATE_TEST_WORKER")) {
-    launch_detail::follow_supervisor();
+    detail::follow_supervisor();
     const std::string rank = std::getenv("RANK") ? std::getenv("RANK") : "0";
     const auto log = job_dir() / ("rank" + rank + ".log");
     std::freopen(log.c_str(), "w", stdout);

@@ -50,10 +50,10 @@ TEST(Accelerator, InvalidOptionsNameTheField) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message({.max_norm = -1.0}).find("AcceleratorOptions::max_norm"), std::string::npos);
-  EXPECT_NE(message({.grad_scaler = {.backoff_factor = 2.0}}).find("grad_scaler.backoff_factor"),
+  EXPECT_NE(message({.clip = {.max_norm = -1.0}}).find("AcceleratorOptions::clip.max_norm"), std::string::npos);
+  EXPECT_NE(message({.precision = {.grad_scaler = {.backoff_factor = 2.0}}}).find("precision.grad_scaler.backoff_factor"),
             std::string::npos);
-  EXPECT_NE(message({.gradient_accumulation_steps = 4}).find("gradient_accumulation_steps is 4"),
+  EXPECT_NE(message({.accumulation = {.num_steps = 4}}).find("accumulation.num_steps is 4"),
             std::string::npos);
   EXPECT_NE(message({.project = {.automatic_checkpoint_naming = true}}).find("project_dir"),
             std::string::npos);

@@ -7,7 +7,7 @@
 
 int main(int argc, char** argv) {
   return accelerate::launch(argc, argv, [](int, char**) {
-    accelerate::Accelerator<accelerate::Gloo> acc{{.timeout = std::chrono::seconds(60)}};
+    accelerate::Accelerator<accelerate::Gloo> acc{{.process_group = {.timeout = std::chrono::seconds(60)}}};
     torch::nn::Linear net(4, 1);
     auto [model] = acc.prepare(net);
     const auto total = acc.reduce(torch::ones({1}), accelerate::Reduction::sum).item<double>();

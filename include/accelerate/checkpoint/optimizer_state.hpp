@@ -22,7 +22,9 @@
 
 namespace accelerate::checkpoint {
 
-namespace optimizer_detail {
+}  // namespace accelerate::checkpoint
+
+namespace accelerate::detail {
 
 // Field tables: each optimizer type's per-parameter tensors, per-parameter integers and
 // hyperparameters, so that saving and loading read the same list.
@@ -148,27 +150,22 @@ void with_state_type(const torch::optim::Optimizer& optimizer, Fn&& fn) {
                            "load_state_dict(const accelerate::StateDict&) members");
 }
 
-inline std::vector<at::Tensor> all_params(const torch::optim::Optimizer& optimizer) {
-  std::vector<at::Tensor> params;
-  for (const auto& group : optimizer.param_groups())
-    for (const auto& p : group.params()) params.push_back(p);
-  return params;
-}
+}  // namespace accelerate::detail
 
-}  // namespace optimizer_detail
+namespace accelerate::checkpoint {
 
 /// The optimizer's state: `values` = {"type", "param_groups": [{hyperparameters, "params":
 /// [indices]}], "state": {"<i>": {"step": n}}}, `tensors` = {"state.<i>.<name>": tensor}.
 inline StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
   StateDict out;
-  optimizer_detail::with_state_type(optimizer, [&]<class State>() {
-    using Fields = optimizer_detail::ParamStateFields<State>;
+  detail::with_state_type(optimizer, [&]<class State>() {
+    using Fields = detail::ParamStateFields<State>;
     out.values["type"] = Fields::name;
     nlohmann::json groups = nlohmann::json::array();
     nlohmann::json states = nlohmann::json::object();
     std::size_t index = 0;
     for (auto& group : optimizer.param_groups()) {
-      nlohmann::json g = optimizer_detail::options_to_json(group.options());
+      nlohmann::json g = detail::options_to_json(group.options());
       nlohmann::json indices = nlohmann::json::array();
       for (auto& p : group.params()) {
         const std::string key = std::to_string(index);
@@ -198,8 +195,8 @@ inline StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer) {
 /// param groups or parameter counts, missing or ill-typed fields, a state tensor of another
 /// shape) without changing the optimizer.
 inline void check_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& saved) {
-  optimizer_detail::with_state_type(optimizer, [&]<class State>() {
-    using Fields = optimizer_detail::ParamStateFields<State>;
+  detail::with_state_type(optimizer, [&]<class State>() {
+    using Fields = detail::ParamStateFields<State>;
     const auto type = saved.value<std::string>("type");
     ACCELERATE_CHECK(type == Fields::name, "optimizer state: saved by a ", type,
                      " optimizer, loading into a ", Fields::name);
@@ -218,7 +215,7 @@ inline void check_optimizer_state_dict(torch::optim::Optimizer& optimizer, const
                        group.params().size());
       // The hyperparameters read into a copy of the group's options.
       auto trial = group.options().clone();
-      optimizer_detail::options_from_json(*trial, groups[gi]);
+      detail::options_from_json(*trial, groups[gi]);
       for (auto& p : group.params()) {
         const std::string key = std::to_string(index++);
         if (!states.contains(key)) continue;
@@ -243,14 +240,14 @@ inline void check_optimizer_state_dict(torch::optim::Optimizer& optimizer, const
 /// checked first (check_optimizer_state_dict), so a failure changes nothing.
 inline void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const StateDict& saved) {
   check_optimizer_state_dict(optimizer, saved);
-  optimizer_detail::with_state_type(optimizer, [&]<class State>() {
-    using Fields = optimizer_detail::ParamStateFields<State>;
+  detail::with_state_type(optimizer, [&]<class State>() {
+    using Fields = detail::ParamStateFields<State>;
     const auto& groups = saved.values.at("param_groups");
     const auto& states = saved.values.at("state");
     std::size_t index = 0;
     for (std::size_t gi = 0; gi < groups.size(); ++gi) {
       auto& group = optimizer.param_groups()[gi];
-      optimizer_detail::options_from_json(group.options(), groups[gi]);
+      detail::options_from_json(group.options(), groups[gi]);
       for (auto& p : group.params()) {
         const std::string key = std::to_string(index++);
         if (!states.contains(key)) {

@@ -26,6 +26,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <accelerate/detail/type_traits.hpp>
 #include <accelerate/checkpoint/stateful.hpp>
 #include <accelerate/detail/check.hpp>
 
@@ -37,19 +38,15 @@ concept HanaStruct = boost::hana::Struct<T>::value;
 
 namespace checkpoint {
 
-namespace reflect_detail {
+}  // namespace checkpoint
+
+namespace detail {
 
 /// Never defined: names the struct, the member (as a hana::string of its characters) and the
 /// member's type when that type has no checkpoint encoding.
 template <class Struct, class MemberName, class MemberType>
 struct no_checkpoint_encoding;
 
-template <class T> struct is_vector : std::false_type {};
-template <class T, class A> struct is_vector<std::vector<T, A>> : std::true_type {};
-template <class T> struct is_string_map : std::false_type {};
-template <class V, class C, class A> struct is_string_map<std::map<std::string, V, C, A>> : std::true_type {};
-template <class T> struct is_optional : std::false_type {};
-template <class T> struct is_optional<std::optional<T>> : std::true_type {};
 
 /// Whether a member of type T can be checkpointed: arithmetic, std::string, at::Tensor, and
 /// std::vector / std::map<std::string, _> / std::optional of those, and nested Hana structs.
@@ -165,23 +162,25 @@ constexpr void require_encodable() {
   });
 }
 
-}  // namespace reflect_detail
+}  // namespace detail
+
+namespace checkpoint {
 
 /// A Hana struct's state: every member under its name (nested members dotted), tensors in
 /// the safetensors part.
 template <HanaStruct T>
 StateDict reflect_state_dict(const T& value) {
-  reflect_detail::require_encodable<T>();
+  detail::require_encodable<T>();
   StateDict out;
-  out.values = reflect_detail::encode(value, "", out);
+  out.values = detail::encode(value, "", out);
   return out;
 }
 
 /// Restores what reflect_state_dict() produced.
 template <HanaStruct T>
 void reflect_load_state_dict(T& value, const StateDict& state) {
-  reflect_detail::require_encodable<T>();
-  reflect_detail::decode(value, state.values, "", state);
+  detail::require_encodable<T>();
+  detail::decode(value, state.values, "", state);
 }
 
 }  // namespace checkpoint

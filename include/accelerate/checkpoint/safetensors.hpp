@@ -36,7 +36,9 @@
 
 namespace accelerate::checkpoint {
 
-namespace safetensors_detail {
+}  // namespace accelerate::checkpoint
+
+namespace accelerate::detail {
 
 struct DtypeName {
   const char* name;
@@ -53,7 +55,7 @@ inline constexpr std::uint64_t max_header_bytes = 100'000'000;
 using checkpoint::Fd;
 
 /// Most dimensions a tensor description may have (LibTorch itself stays far below this).
-inline constexpr std::size_t max_dims = 64;
+inline constexpr std::size_t safetensors_max_dims = 64;
 
 /// One tensor description as read, before its meaning is checked.
 struct RawEntry {
@@ -109,8 +111,8 @@ struct HeaderReader {
     return scalar("a number", [&] {
       if (depth != 3) return value_error("a number");
       auto& list = field == "shape" ? entry.shape : entry.offsets;
-      if (field == "shape" && list.size() == max_dims)
-        return fail_tensor("shape has more than " + std::to_string(max_dims) + " dimensions");
+      if (field == "shape" && list.size() == safetensors_max_dims)
+        return fail_tensor("shape has more than " + std::to_string(safetensors_max_dims) + " dimensions");
       if (field == "data_offsets" && list.size() == 2) return fail_tensor("data_offsets is not a pair");
       list.push_back(v);
       return true;
@@ -226,18 +228,20 @@ inline void write_all(int fd, const void* data, std::size_t size, const std::str
   }
 }
 
-}  // namespace safetensors_detail
+}  // namespace accelerate::detail
+
+namespace accelerate::checkpoint {
 
 /// The safetensors name of a dtype ("F32", "BF16", ...), or an error naming the dtype.
 inline const char* dtype_to_safetensors(at::ScalarType type) {
-  for (const auto& d : safetensors_detail::dtype_names)
+  for (const auto& d : detail::dtype_names)
     if (d.type == type) return d.name;
   detail::fail("safetensors: dtype ", type, " has no safetensors encoding");
 }
 
 /// The dtype of a safetensors name, or nullopt for an unknown name.
 inline std::optional<at::ScalarType> dtype_from_safetensors(const std::string& name) {
-  for (const auto& d : safetensors_detail::dtype_names)
+  for (const auto& d : detail::dtype_names)
     if (name == d.name) return d.type;
   return std::nullopt;
 }
@@ -283,10 +287,10 @@ inline void save_safetensors(const std::filesystem::path& path,
   try {
     Fd file(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     ACCELERATE_CHECK(file.fd >= 0, "safetensors: cannot create ", temporary.string(), ": ", std::strerror(errno));
-    safetensors_detail::write_all(file.fd, prefix, 8, path.string());
-    safetensors_detail::write_all(file.fd, text.data(), text.size(), path.string());
+    detail::write_all(file.fd, prefix, 8, path.string());
+    detail::write_all(file.fd, text.data(), text.size(), path.string());
     for (const auto& t : payloads)
-      safetensors_detail::write_all(file.fd, t.data_ptr(), static_cast<std::size_t>(t.numel()) * t.element_size(),
+      detail::write_all(file.fd, t.data_ptr(), static_cast<std::size_t>(t.numel()) * t.element_size(),
                                     path.string());
     ACCELERATE_CHECK(::fsync(file.fd) == 0, "safetensors: fsync of ", path.string(), " failed: ",
                      std::strerror(errno));
@@ -336,10 +340,10 @@ class SafetensorsFile {
     for (int i = 0; i < 8; ++i) header_length |= std::uint64_t{bytes[i]} << (8 * i);
     ACCELERATE_CHECK(header_length <= size - 8, "safetensors: ", where, ": header length ",
                      header_length, " exceeds the file size ", size, " (truncated file?)");
-    ACCELERATE_CHECK(header_length <= safetensors_detail::max_header_bytes, "safetensors: ", where,
+    ACCELERATE_CHECK(header_length <= detail::max_header_bytes, "safetensors: ", where,
                      ": header length ", header_length, " exceeds the limit of ",
-                     safetensors_detail::max_header_bytes, " bytes");
-    safetensors_detail::HeaderReader reader;
+                     detail::max_header_bytes, " bytes");
+    detail::HeaderReader reader;
     const bool parsed = nlohmann::json::sax_parse(bytes + 8, bytes + 8 + header_length, &reader,
                                                   nlohmann::json::input_format_t::json, /*strict=*/true);
     ACCELERATE_CHECK(parsed && reader.error.empty(), "safetensors: ", where, ": ",
@@ -423,7 +427,7 @@ class SafetensorsFile {
   }
 
   static Entry parse_entry(const std::string& where, const std::string& name,
-                           const safetensors_detail::RawEntry& raw, std::uint64_t data_size) {
+                           const detail::RawEntry& raw, std::uint64_t data_size) {
     auto bad = [&](const std::string& what) -> Entry {
       detail::fail("safetensors: ", where, ": tensor '", name, "': ", what);
     };

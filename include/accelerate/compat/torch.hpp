@@ -111,11 +111,15 @@ inline void update_scale(at::Tensor& scale, at::Tensor& growth_tracker, const at
 // LRScheduler keeps its step count in a protected member; it is the scheduler's whole state
 // (the learning rates live in the optimizer). A pointer to member named through a derived
 // class is the standard way to reach it without changing LibTorch.
-namespace detail {
+}  // namespace accelerate::compat
+
+namespace accelerate::detail {
 struct SchedulerAccess : torch::optim::LRScheduler {
   static auto step_count_member() { return &SchedulerAccess::step_count_; }
 };
-}  // namespace detail
+}  // namespace accelerate::detail
+
+namespace accelerate::compat {
 
 /// The scheduler's number of steps taken.
 inline unsigned scheduler_step_count(const torch::optim::LRScheduler& scheduler) {

@@ -18,25 +18,15 @@
 #include <torch/data/example.h>
 
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/diagnostics.hpp>
+#include <accelerate/detail/type_traits.hpp>
 
-namespace accelerate::data {
-
-namespace detail {
-template <class T> struct is_vector : std::false_type {};
-template <class T, class A> struct is_vector<std::vector<T, A>> : std::true_type {};
-template <class T> struct is_array : std::false_type {};
-template <class T, std::size_t N> struct is_array<std::array<T, N>> : std::true_type {};
-template <class T> struct is_tuple_like : std::false_type {};
-template <class... T> struct is_tuple_like<std::tuple<T...>> : std::true_type {};
-template <class A, class B> struct is_tuple_like<std::pair<A, B>> : std::true_type {};
-template <class T> struct is_string_map : std::false_type {};
-template <class V, class C, class A>
-struct is_string_map<std::map<std::string, V, C, A>> : std::true_type {};
+namespace accelerate::detail {
 template <class T> struct is_example : std::false_type {};
 template <class D, class T> struct is_example<torch::data::Example<D, T>> : std::true_type {};
-template <class T>
-inline constexpr bool unsupported = false;
-}  // namespace detail
+}  // namespace accelerate::detail
+
+namespace accelerate::data {
 
 /// Whether T is a tensor or a container this header can recurse into.
 template <class T>
@@ -106,7 +96,7 @@ std::remove_cvref_t<T> map_tensors(const T& value, Fn&& fn) {
                        std::is_same_v<U, torch::data::example::NoTarget>) {
     return value;  // non-tensor leaves travel unchanged
   } else {
-    static_assert(detail::unsupported<U>,
+    static_assert(detail::dependent_false<U>,
                   "accelerate::data: this batch type is not a tensor, Example, vector, array, "
                   "tuple, pair or std::map<std::string, ...>");
   }
@@ -191,7 +181,7 @@ T collate(const std::vector<T>& samples) {
     }
     return out;
   } else {
-    static_assert(detail::unsupported<T>,
+    static_assert(detail::dependent_false<T>,
                   "accelerate::data::collate: this sample type cannot be stacked; give the dataset "
                   "a get_batch() that returns whole batches");
   }

@@ -34,7 +34,7 @@ template <class... Parts>
 
 /// Throws accelerate::Error with the streamed message parts when `cond` is false.
 /// Example:
-///   ACCELERATE_CHECK(n > 0, "AcceleratorOptions::bucket_cap_bytes: must be > 0, got ", n);
+///   ACCELERATE_CHECK(n > 0, "AcceleratorOptions::ddp.bucket_cap_bytes: must be > 0, got ", n);
 #define ACCELERATE_CHECK(cond, ...)                 \
   do {                                              \
     if (!(cond)) [[unlikely]] {                     \

@@ -172,7 +172,7 @@ auto gather_for_metrics(E& engine, const GradientState& state, const T& data,
     return data::map_tensors(gathered, [&](const at::Tensor& t) {
       return t.dim() > 0 && t.size(0) > keep ? t.narrow(0, 0, keep) : t;
     });
-  } else if constexpr (data::detail::is_vector<T>::value) {
+  } else if constexpr (detail::is_vector<T>::value) {
     T gathered;
     for (auto& part : gather_object(engine, data)) gathered.insert(gathered.end(), part.begin(), part.end());
     if (truncate && gathered.size() > static_cast<std::size_t>(keep)) gathered.resize(static_cast<std::size_t>(keep));

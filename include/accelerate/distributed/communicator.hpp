@@ -117,7 +117,7 @@ class Communicator {
     }
   }
 
-  /// Turns on collective verification (AcceleratorOptions::verify_collectives): before each
+  /// Turns on collective verification (ProcessGroupOptions::verify_collectives): before each
   /// collective, every rank all-gathers a 5-integer description of it (which collective, dtype,
   /// element count, root or reduction, and how many collectives it made before), so ranks that
   /// call different collectives, or the same one with other sizes, get an accelerate::Error
@@ -196,7 +196,7 @@ class Communicator {
     for (int r = 1; r < world_size_; ++r) {
       const auto* theirs = all[static_cast<std::size_t>(r)].data_ptr<std::int64_t>();
       if (std::equal(first, first + 5, theirs)) continue;
-      accelerate::detail::fail("collective mismatch (AcceleratorOptions::verify_collectives): rank 0 calls ",
+      accelerate::detail::fail("collective mismatch (ProcessGroupOptions::verify_collectives): rank 0 calls ",
                                describe(first), " as its collective ", first[4], ", but rank ", r, " calls ",
                                describe(theirs), " as its collective ", theirs[4],
                                "; every rank must make the same collectives, with the same sizes, in the "

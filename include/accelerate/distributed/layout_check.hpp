@@ -46,22 +46,26 @@ struct TensorLayout {
   }
 };
 
-namespace layout_detail {
-inline constexpr std::int64_t max_dims = 12;
-inline constexpr std::int64_t slots = 4 + max_dims;  // kind, argument, dtype, ndim, sizes
-}  // namespace layout_detail
+}  // namespace accelerate::distributed
+
+namespace accelerate::detail {
+inline constexpr std::int64_t layout_max_dims = 12;
+inline constexpr std::int64_t layout_slots = 4 + layout_max_dims;  // kind, argument, dtype, ndim, sizes
+}  // namespace accelerate::detail
+
+namespace accelerate::distributed {
 
 /// One rank's layout as `slots` int64 values on the CPU. A tensor of more dimensions than the
 /// descriptor holds is described by its dimension count alone, so that every rank still takes
 /// part in the exchange and all fail together.
 inline at::Tensor encode_layout(CollectiveKind kind, std::int64_t argument, const at::Tensor& t) {
-  at::Tensor out = at::zeros({layout_detail::slots}, at::kLong);
+  at::Tensor out = at::zeros({detail::layout_slots}, at::kLong);
   auto* v = out.data_ptr<std::int64_t>();
   v[0] = static_cast<std::int64_t>(kind);
   v[1] = argument;
   v[2] = static_cast<std::int64_t>(t.scalar_type());
   v[3] = t.dim();
-  for (std::int64_t d = 0; d < std::min<std::int64_t>(t.dim(), layout_detail::max_dims); ++d) v[4 + d] = t.size(d);
+  for (std::int64_t d = 0; d < std::min<std::int64_t>(t.dim(), detail::layout_max_dims); ++d) v[4 + d] = t.size(d);
   return out;
 }
 
@@ -72,8 +76,8 @@ inline TensorLayout decode_layout(const at::Tensor& encoded) {
   layout.kind = static_cast<CollectiveKind>(v[0]);
   layout.argument = v[1];
   layout.dtype = static_cast<at::ScalarType>(v[2]);
-  for (std::int64_t d = 0; d < std::min(v[3], layout_detail::max_dims); ++d) layout.shape.push_back(v[4 + d]);
-  if (v[3] > layout_detail::max_dims) layout.shape.resize(static_cast<std::size_t>(v[3]), -1);
+  for (std::int64_t d = 0; d < std::min(v[3], detail::layout_max_dims); ++d) layout.shape.push_back(v[4 + d]);
+  if (v[3] > detail::layout_max_dims) layout.shape.resize(static_cast<std::size_t>(v[3]), -1);
   return layout;
 }
 
@@ -91,9 +95,9 @@ inline void check_layouts(const std::vector<TensorLayout>& layouts, std::int64_t
   };
   for (std::size_t r = 0; r < layouts.size(); ++r) {
     const TensorLayout& l = layouts[r];
-    if (static_cast<std::int64_t>(l.shape.size()) > layout_detail::max_dims)
+    if (static_cast<std::int64_t>(l.shape.size()) > detail::layout_max_dims)
       accelerate::detail::fail(collective_name(l.kind), ": rank ", r, " passes a tensor of ", l.shape.size(),
-                               " dimensions; at most ", layout_detail::max_dims, " are supported");
+                               " dimensions; at most ", detail::layout_max_dims, " are supported");
     if (r == 0) continue;
     if (l.kind != first.kind) fail_with(r, "a different collective");
     if (l.argument != first.argument)

@@ -35,7 +35,7 @@ struct NcclFactory {
                                    const AcceleratorOptions& options) {
     device(env, options);  // communicators are made on first use, on the current device
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-    nccl_options->timeout = options.timeout;
+    nccl_options->timeout = options.process_group.timeout;
     return c10::make_intrusive<c10d::ProcessGroupNCCL>(std::move(store), env.rank, env.world_size,
                                                        std::move(nccl_options));
   }

@@ -26,7 +26,9 @@ struct ProcessEnvironment {
   bool launched() const noexcept { return source != "none"; }
 };
 
-namespace detail {
+}  // namespace accelerate::distributed
+
+namespace accelerate::detail {
 
 inline int require_int(const char* name, const char* launcher) {
   const auto value = accelerate::detail::env_int(name);
@@ -63,7 +65,9 @@ inline int first_slurm_count(const std::string& spec) {
   return value;
 }
 
-}  // namespace detail
+}  // namespace accelerate::detail
+
+namespace accelerate::distributed {
 
 /// Reads the environment. No launcher variables means one process ("none"). Variables that
 /// are partly set, or inconsistent (RANK >= WORLD_SIZE...), are errors naming the variable.

@@ -62,7 +62,7 @@ class ReducerHandle {
                          std::shared_ptr<Communicator> comm = {})
       : reducer_(std::move(reducer)), buffers_(std::move(buffers)), comm_(std::move(comm)) {}
   /// Before a forward pass: rank 0's buffers to every rank. Every rank must run the forward
-  /// (as with DDP); AcceleratorOptions::broadcast_buffers = false turns this off.
+  /// (as with DDP); DdpOptions::broadcast_buffers = false turns this off.
   void before_forward() {
     if (comm_ && !buffers_.empty()) broadcast_flat(*comm_, buffers_, 0);
   }
@@ -107,7 +107,7 @@ struct GlooFactory {
                                    const AcceleratorOptions& options) {
     const auto interface = accelerate::detail::env_string("GLOO_SOCKET_IFNAME").value_or("");
     const bool loopback = env.master_addr == "localhost" || env.master_addr.rfind("127.", 0) == 0;
-    return compat::make_gloo_backend(std::move(store), env.rank, env.world_size, options.timeout,
+    return compat::make_gloo_backend(std::move(store), env.rank, env.world_size, options.process_group.timeout,
                                      loopback ? "127.0.0.1" : "", interface);
   }
 };
@@ -121,9 +121,9 @@ class ProcessGroupEngine {
   using ModelSync = ReducerHandle;
 
   ProcessGroupEngine(const AcceleratorOptions& options, std::string_view fingerprint)
-      : env_(detect_environment()), timeout_(options.timeout), collective_device_(Factory::device(env_, options)) {
+      : env_(detect_environment()), timeout_(options.process_group.timeout), collective_device_(Factory::device(env_, options)) {
     if (!env_.launched()) return;
-    const bool verify = options.verify_collectives || debug_mode_from_environment();
+    const bool verify = options.process_group.verify_collectives || debug_mode_from_environment();
     std::ostringstream description;
     // verify_collectives is compared here but not in the checkpoint's fingerprint: a debugging
     // run may resume a normal one; a rank verifying among ranks that do not would pair its
@@ -197,16 +197,16 @@ class ProcessGroupEngine {
                                 const AcceleratorOptions& options) {
     if (!comm_) return {};
     check_same_model(module, name);
-    broadcast_state(module, options.broadcast_buffers);
+    broadcast_state(module, options.ddp.broadcast_buffers);
     std::vector<std::pair<std::string, at::Tensor>> params;
     for (auto& item : module.named_parameters(true)) params.emplace_back(item.key(), item.value());
     auto reducer = std::make_shared<GradientReducer>(
         std::move(params), comm_,
-        ReducerOptions{options.bucket_cap_bytes, options.first_bucket_cap_bytes,
-                       options.find_unused_parameters});
+        ReducerOptions{options.ddp.bucket_cap_bytes, options.ddp.first_bucket_cap_bytes,
+                       options.ddp.find_unused_parameters});
     reducer->install_hooks();
     std::vector<at::Tensor> buffers;
-    if (options.broadcast_buffers)
+    if (options.ddp.broadcast_buffers)
       for (auto& b : module.buffers(true)) buffers.push_back(b);
     return ReducerHandle(std::move(reducer), std::move(buffers), comm_);
   }

@@ -241,7 +241,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
             " parameter(s) received no gradient in this backward pass, so their buckets can "
             "never be all-reduced:", list.str(),
             ". Use every parameter in forward, freeze them (requires_grad=false), or set "
-            "AcceleratorOptions::find_unused_parameters = true");
+            "AcceleratorOptions::ddp.find_unused_parameters = true");
       }
       for (std::size_t i = 0; i < params_.size(); ++i) mark_ready(i, /*used=*/false);  // zeros
     }

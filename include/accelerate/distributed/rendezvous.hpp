@@ -25,7 +25,9 @@
 
 namespace accelerate::distributed {
 
-namespace detail {
+}  // namespace accelerate::distributed
+
+namespace accelerate::detail {
 
 inline std::string seconds(std::chrono::milliseconds timeout) {
   std::ostringstream out;
@@ -83,14 +85,18 @@ auto within_deadline(Make make, std::chrono::milliseconds deadline, Message mess
   return std::move(*shared->result);
 }
 
-}  // namespace detail
+}  // namespace accelerate::detail
 
-namespace detail {
+namespace accelerate::distributed {
+
+}  // namespace accelerate::distributed
+
+namespace accelerate::detail {
 
 /// Names the ranks of `env` whose key under `prefix` is missing, and whether the store still
 /// answers (it does not once rank 0, which serves it, has exited).
 inline std::pair<std::string, bool> missing_ranks(c10d::Store& store, const std::string& prefix,
-                                                  const ProcessEnvironment& env) {
+                                                  const distributed::ProcessEnvironment& env) {
   std::ostringstream missing;
   int count = 0;
   bool answers = true;
@@ -107,7 +113,7 @@ inline std::pair<std::string, bool> missing_ranks(c10d::Store& store, const std:
   return {missing.str(), answers};
 }
 
-[[noreturn]] inline void fail_waiting(c10d::Store& store, const std::string& prefix, const ProcessEnvironment& env,
+[[noreturn]] inline void fail_waiting(c10d::Store& store, const std::string& prefix, const distributed::ProcessEnvironment& env,
                                       std::chrono::milliseconds timeout, const char* what) {
   const auto [missing, answers] = missing_ranks(store, prefix, env);
   if (!answers && env.rank != 0) {
@@ -120,7 +126,9 @@ inline std::pair<std::string, bool> missing_ranks(c10d::Store& store, const std:
                            env.world_size, " never arrived (did they start, with the same MASTER_ADDR/PORT?)");
 }
 
-}  // namespace detail
+}  // namespace accelerate::detail
+
+namespace accelerate::distributed {
 
 /// Sets `<prefix>/<rank>` to `value` and waits until every rank has set its key. A rank that
 /// does not arrive within `timeout` is named in the error. With `arrived`, each peer's value is

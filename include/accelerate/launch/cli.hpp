@@ -25,7 +25,7 @@ struct LaunchOptions {
   double grace_seconds = 5.0;
 };
 
-namespace launch_detail {
+namespace detail {
 
 inline int parse_int(std::string_view flag, const std::string& text, int min, int max) {
   errno = 0;
@@ -37,7 +37,7 @@ inline int parse_int(std::string_view flag, const std::string& text, int min, in
   return static_cast<int>(value);
 }
 
-}  // namespace launch_detail
+}  // namespace detail
 
 /// Reads and removes the launcher's flags from argv (both `--flag value` and `--flag=value`),
 /// leaving the program's own arguments in order. ACCELERATE_NUM_PROCESSES gives the default
@@ -47,7 +47,7 @@ inline int parse_int(std::string_view flag, const std::string& text, int min, in
 inline LaunchOptions parse_launch_args(int& argc, char** argv) {
   LaunchOptions options;
   if (auto n = detail::env_string("ACCELERATE_NUM_PROCESSES"))
-    options.nproc = launch_detail::parse_int("ACCELERATE_NUM_PROCESSES", *n, 1, 4096);
+    options.nproc = detail::parse_int("ACCELERATE_NUM_PROCESSES", *n, 1, 4096);
   std::vector<char*> kept{argv[0]};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -65,11 +65,11 @@ inline LaunchOptions parse_launch_args(int& argc, char** argv) {
       return false;
     };
     if (take("--nproc") || take("--nproc-per-node") || take("--num-processes"))
-      options.nproc = launch_detail::parse_int("--nproc", value, 1, 4096);
-    else if (take("--nnodes")) options.nnodes = launch_detail::parse_int("--nnodes", value, 1, 65536);
-    else if (take("--node-rank")) options.node_rank = launch_detail::parse_int("--node-rank", value, 0, 65535);
+      options.nproc = detail::parse_int("--nproc", value, 1, 4096);
+    else if (take("--nnodes")) options.nnodes = detail::parse_int("--nnodes", value, 1, 65536);
+    else if (take("--node-rank")) options.node_rank = detail::parse_int("--node-rank", value, 0, 65535);
     else if (take("--master-addr")) options.master_addr = value;
-    else if (take("--master-port")) options.master_port = launch_detail::parse_int("--master-port", value, 1, 65535);
+    else if (take("--master-port")) options.master_port = detail::parse_int("--master-port", value, 1, 65535);
     else kept.push_back(argv[i]);
   }
   ACCELERATE_CHECK(options.node_rank < options.nnodes, "accelerate launch: --node-rank ",

@@ -52,13 +52,13 @@ int launch(int argc, char** argv, Fn&& fn) {
     }
   };
   if (env.launched()) {
-    launch_detail::follow_supervisor();  // a rank of our own launcher dies with it
+    detail::follow_supervisor();  // a rank of our own launcher dies with it
     return run();
   }
   if (world == 1) return run();
 
   try {
-    const int port = options.master_port ? *options.master_port : launch_detail::free_port();
+    const int port = options.master_port ? *options.master_port : detail::free_port();
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     std::vector<RankProcess> ranks;
     for (int local = 0; local < options.nproc; ++local) {

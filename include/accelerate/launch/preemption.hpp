@@ -11,20 +11,20 @@
 
 namespace accelerate {
 
-namespace preemption_detail {
+namespace detail {
 inline std::atomic<int> last_signal{0};
 inline std::atomic<bool> ever_requested{false};  // not cleared by clear_preemption_request()
 inline void on_signal(int sig) {
   last_signal.store(sig);
   ever_requested.store(true);
 }
-}  // namespace preemption_detail
+}  // namespace detail
 
 /// Whether a preemption signal arrived since the flag was last cleared.
-inline bool preemption_requested() noexcept { return preemption_detail::last_signal.load() != 0; }
+inline bool preemption_requested() noexcept { return detail::last_signal.load() != 0; }
 /// The signal that requested preemption (0 for none).
-inline int preemption_signal() noexcept { return preemption_detail::last_signal.load(); }
-inline void clear_preemption_request() noexcept { preemption_detail::last_signal.store(0); }
+inline int preemption_signal() noexcept { return detail::last_signal.load(); }
+inline void clear_preemption_request() noexcept { detail::last_signal.store(0); }
 
 /// While alive, the given signals request preemption instead of terminating the process.
 /// The previous handlers come back when it is destroyed, unless a preemption was requested:
@@ -40,7 +40,7 @@ class PreemptionGuard {
  public:
   explicit PreemptionGuard(std::initializer_list<int> signals = {SIGTERM, SIGUSR1}) {
     struct sigaction action {};
-    action.sa_handler = preemption_detail::on_signal;
+    action.sa_handler = detail::on_signal;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;  // a signal must not make a blocking collective fail
     for (const int sig : signals) {
@@ -50,7 +50,7 @@ class PreemptionGuard {
     }
   }
   ~PreemptionGuard() {
-    if (preemption_detail::ever_requested.load()) return;
+    if (detail::ever_requested.load()) return;
     for (auto& [sig, previous] : previous_) ::sigaction(sig, &previous, nullptr);
   }
   PreemptionGuard(const PreemptionGuard&) = delete;

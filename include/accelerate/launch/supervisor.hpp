@@ -29,7 +29,7 @@ extern char** environ;
 
 namespace accelerate {
 
-namespace launch_detail {
+namespace detail {
 
 inline std::atomic<int> forwarded_signal{0};
 inline void remember_signal(int sig) { forwarded_signal.store(sig); }
@@ -82,7 +82,7 @@ inline void follow_supervisor() {
   if (::getppid() != supervisor) ::raise(SIGKILL);
 }
 
-}  // namespace launch_detail
+}  // namespace detail
 
 /// One rank to start: its command line and the variables added to this process's environment.
 struct RankProcess {
@@ -95,10 +95,10 @@ struct RankProcess {
 /// failing rank's code (128 + signal when killed), after terminating the others (SIGTERM,
 /// then SIGKILL after `grace_seconds`). Prints one line naming the failing rank to stderr.
 /// SIGINT and SIGTERM sent to the supervisor are forwarded to every rank. Ranks that call
-/// launch_detail::follow_supervisor() (accelerate::launch does) die with the supervisor.
+/// detail::follow_supervisor() (accelerate::launch does) die with the supervisor.
 inline int supervise(std::vector<RankProcess>& ranks, int first_rank, double grace_seconds) {
   struct sigaction action {};
-  action.sa_handler = launch_detail::remember_signal;
+  action.sa_handler = detail::remember_signal;
   sigemptyset(&action.sa_mask);
   struct sigaction old_int {}, old_term {};
   ::sigaction(SIGINT, &action, &old_int);
@@ -111,8 +111,8 @@ inline int supervise(std::vector<RankProcess>& ranks, int first_rank, double gra
       if (!rank.env.count(entry.substr(0, entry.find('=')))) env_strings.push_back(entry);
     }
     for (const auto& [key, value] : rank.env) env_strings.push_back(key + "=" + value);
-    if (!rank.env.count(launch_detail::supervisor_pid_variable))
-      env_strings.push_back(std::string(launch_detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()));
+    if (!rank.env.count(detail::supervisor_pid_variable))
+      env_strings.push_back(std::string(detail::supervisor_pid_variable) + "=" + std::to_string(::getpid()));
     std::vector<char*> envp, argv;
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
@@ -134,7 +134,7 @@ inline int supervise(std::vector<RankProcess>& ranks, int first_rank, double gra
       if (r.pid > 0) ::kill(r.pid, sig);
   };
   while (running > 0) {
-    if (const int sig = launch_detail::forwarded_signal.exchange(0)) {
+    if (const int sig = detail::forwarded_signal.exchange(0)) {
       signal_all(sig);
       forwarded = true;
     }
@@ -157,9 +157,9 @@ inline int supervise(std::vector<RankProcess>& ranks, int first_rank, double gra
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         if (failed && !stopping) {
           stopping = true;
-          result = launch_detail::exit_code(status);
+          result = detail::exit_code(status);
           std::cerr << "accelerate launch: rank " << first_rank + static_cast<int>(i) << " (pid " << pid
-                    << ") " << launch_detail::describe(status) << "; stopping the other "
+                    << ") " << detail::describe(status) << "; stopping the other "
                     << running << " rank(s)" << std::endl;
           for (std::size_t j = 0; j < ranks.size(); ++j) {
             if (!stopped[j]) continue;

@@ -10,7 +10,7 @@ namespace accelerate {
 
 /// An Accumulation policy is an empty tag with compile-time facts:
 ///   - `steps`: micro-steps per optimizer step when known at compile time (0 when dynamic);
-///   - `dynamic`: whether the count comes from AcceleratorOptions::gradient_accumulation_steps.
+///   - `dynamic`: whether the count comes from AccumulationOptions::num_steps.
 template <class A>
 concept AccumulationPolicy = std::is_empty_v<A> && requires {
   { A::steps } -> std::convertible_to<std::size_t>;
@@ -33,7 +33,7 @@ struct Accumulate {
   static constexpr bool dynamic = false;
 };
 
-/// N micro-steps per optimizer step, N = AcceleratorOptions::gradient_accumulation_steps.
+/// N micro-steps per optimizer step, N = AccumulationOptions::num_steps.
 struct AccumulateDynamic {
   static constexpr std::size_t steps = 0;
   static constexpr bool dynamic = true;

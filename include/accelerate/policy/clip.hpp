@@ -1,6 +1,6 @@
-// The Clip slot: concept ClipPolicy and NoClip, ClipNorm<P> and ClipValue. Clipping runs on
-// sync steps only, inside the prepared optimizer's step(), after gradients are synchronised
-// and (fp16) unscaled.
+// The Clip slot: concept ClipPolicy and NoClip, ClipNorm<P> and ClipValue (tags; what each
+// does is its step state, <accelerate/step/clip.hpp>). Clipping runs on sync steps only,
+// inside the prepared optimizer's step(), after gradients are synchronised and (fp16) unscaled.
 #pragma once
 
 #include <concepts>
@@ -10,41 +10,43 @@
 
 namespace accelerate {
 
-/// What a clip policy does.
-enum class ClipKind { none, norm, value };
-
-/// A Clip policy is an empty tag with compile-time facts:
-///   - `kind`: none, norm or value;
-///   - `norm_type`: the p of the p-norm for ClipKind::norm (infinity for the max norm).
-/// The threshold is a run-time option (AcceleratorOptions::max_norm / clip_value).
+/// A Clip policy is an empty tag with a `name` (diagnostics, fingerprints); its behaviour is
+/// its step state, a specialisation of accelerate::step::ClipStep. The threshold is a run-time
+/// option (AcceleratorOptions::clip).
 template <class C>
 concept ClipPolicy = std::is_empty_v<C> && requires {
-  { C::kind } -> std::convertible_to<ClipKind>;
-  { C::norm_type } -> std::convertible_to<double>;
+  { C::name } -> std::convertible_to<std::string_view>;
 };
 
 /// No clipping: adds no code.
 struct NoClip {
-  static constexpr ClipKind kind = ClipKind::none;
-  static constexpr double norm_type = 0.0;
+  static constexpr std::string_view name = "NoClip";
 };
 
-/// Scales gradients so that their global P-norm is at most AcceleratorOptions::max_norm.
+/// Scales gradients so that their global P-norm is at most AcceleratorOptions::clip.max_norm.
 /// ClipNorm<> is the L2 norm; ClipNormInf the max-abs norm.
+/// Example:
+///   accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::NoAccumulation,
+///                           accelerate::ClipNorm<>> acc{{.clip = {.max_norm = 1.0}}};
 template <double P = 2.0>
 struct ClipNorm {
   static_assert(P > 0.0, "accelerate::ClipNorm<P>: P must be positive (or infinity)");
-  static constexpr ClipKind kind = ClipKind::norm;
+  static constexpr std::string_view name = "ClipNorm";
   static constexpr double norm_type = P;
 };
 
 /// ClipNorm with the infinity norm (largest absolute gradient element).
 using ClipNormInf = ClipNorm<std::numeric_limits<double>::infinity()>;
 
-/// Clamps every gradient element to [-clip_value, clip_value] (AcceleratorOptions::clip_value).
+/// Clamps every gradient element to [-clip_value, clip_value] (AcceleratorOptions::clip.clip_value).
 struct ClipValue {
-  static constexpr ClipKind kind = ClipKind::value;
-  static constexpr double norm_type = 0.0;
+  static constexpr std::string_view name = "ClipValue";
 };
+
+/// Whether C is ClipNorm<P> for some P (Accelerate's max_grad_norm).
+template <class C>
+inline constexpr bool is_clip_norm = false;
+template <double P>
+inline constexpr bool is_clip_norm<ClipNorm<P>> = true;
 
 }  // namespace accelerate

@@ -12,14 +12,14 @@ namespace accelerate {
 /// A Precision policy is an empty tag with compile-time facts:
 ///   - `name`: Accelerate's `mixed_precision` value ("no", "bf16", "fp16");
 ///   - `autocast`: whether forward passes run under autocast;
-///   - `dtype`: the autocast compute type;
-///   - `uses_grad_scaler`: whether backward scales the loss (dynamic loss scaling).
+///   - `dtype`: the autocast compute type.
+/// What else it does to the training step (Fp16's loss scaling) is its step state, a
+/// specialisation of accelerate::step::PrecisionStep; an autocast-only policy needs none.
 template <class P>
 concept PrecisionPolicy = std::is_empty_v<P> && requires {
   { P::name } -> std::convertible_to<std::string_view>;
   { P::autocast } -> std::convertible_to<bool>;
   { P::dtype } -> std::convertible_to<c10::ScalarType>;
-  { P::uses_grad_scaler } -> std::convertible_to<bool>;
 };
 
 /// Full precision. The autocast scope is an empty type and no scaler exists.
@@ -27,7 +27,6 @@ struct Fp32 {
   static constexpr std::string_view name = "no";
   static constexpr bool autocast = false;
   static constexpr c10::ScalarType dtype = c10::ScalarType::Float;
-  static constexpr bool uses_grad_scaler = false;
 };
 
 /// bfloat16 autocast on the backend's device type (CPU or CUDA); parameters and gradients stay
@@ -36,16 +35,14 @@ struct Bf16 {
   static constexpr std::string_view name = "bf16";
   static constexpr bool autocast = true;
   static constexpr c10::ScalarType dtype = c10::ScalarType::BFloat16;
-  static constexpr bool uses_grad_scaler = false;
 };
 
-/// float16 autocast with dynamic loss scaling (GradScalerOptions). On a device whose autocast
+/// float16 autocast with dynamic loss scaling (PrecisionOptions::grad_scaler). On a device whose autocast
 /// cannot do fp16 the Accelerator's constructor fails; it never falls back to fp32 silently.
 struct Fp16 {
   static constexpr std::string_view name = "fp16";
   static constexpr bool autocast = true;
   static constexpr c10::ScalarType dtype = c10::ScalarType::Half;
-  static constexpr bool uses_grad_scaler = true;
 };
 
 }  // namespace accelerate

@@ -159,9 +159,11 @@ class RangeSource {
 ///     for (auto& [x, y] : loader) { ... }
 template <class Source, class Acc>
 class PreparedDataLoader {
+  using Context = typename Acc::context_type;
+
   struct Shared {
     Source source;
-    Acc* acc;
+    Context* context;
     std::size_t epoch = 0;      // completed epochs
     std::size_t consumed = 0;   // batches yielded in the current epoch
     std::size_t skip_next = 0;  // batches to skip when the next epoch starts (resume)
@@ -173,7 +175,7 @@ class PreparedDataLoader {
         activation.release();  // the loop is over: later code is outside this loader
         return std::nullopt;
       }
-      auto batch = data::to_device(source.next(), acc->device(), /*non_blocking=*/true);
+      auto batch = data::to_device(source.next(), context->device(), /*non_blocking=*/true);
       ++consumed;
       activation.update({!source.has_next(), source.remaining() + 1, source.remainder()});
       return batch;
@@ -216,8 +218,8 @@ class PreparedDataLoader {
     mutable std::optional<batch_type> current_;
   };
 
-  PreparedDataLoader(Source source, Acc* accelerator)
-      : shared_(std::make_shared<Shared>(Shared{std::move(source), accelerator})) {}
+  PreparedDataLoader(Source source, Context* context)
+      : shared_(std::make_shared<Shared>(Shared{std::move(source), context})) {}
 
   /// Starts (or, after load_state / skip_first_batches, resumes) the current epoch.
   iterator begin() {
@@ -225,7 +227,7 @@ class PreparedDataLoader {
     s.source.start(s.epoch, s.skip_next);
     s.consumed = s.skip_next;
     s.skip_next = 0;
-    return iterator(&s, s.acc->gradient_state());
+    return iterator(&s, s.context->gradient_state());
   }
   std::default_sentinel_t end() const noexcept { return {}; }
 
@@ -258,7 +260,7 @@ class PreparedDataLoader {
     StateDict s;
     const auto& sh = *shared_;
     s.values = {{"epoch", sh.epoch}, {"batches_consumed", sh.consumed},
-                {"world_size", sh.acc->num_processes()}};
+                {"world_size", sh.context->num_processes()}};
     if constexpr (requires { sh.source.sampler(); }) {
       const auto& spec = sh.source.sampler().spec();
       s.values["seed"] = spec.seed;
@@ -280,9 +282,9 @@ class PreparedDataLoader {
     const auto world = s.value<std::size_t>("world_size");
     const auto epoch = s.value<std::size_t>("epoch");
     const auto consumed = s.value<std::size_t>("batches_consumed");
-    ACCELERATE_CHECK(world == static_cast<std::size_t>(sh.acc->num_processes()),
+    ACCELERATE_CHECK(world == static_cast<std::size_t>(sh.context->num_processes()),
                      "dataloader state: saved with ", world, " processes, this run has ",
-                     sh.acc->num_processes(), " (batch order and shards would differ)");
+                     sh.context->num_processes(), " (batch order and shards would differ)");
     if constexpr (requires { sh.source.sampler(); }) {
       const auto& spec = sh.source.sampler().spec();
       const auto dataset_size = s.value<std::size_t>("dataset_size");

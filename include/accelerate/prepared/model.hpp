@@ -19,9 +19,9 @@ namespace accelerate {
 /// holder or a std::shared_ptr<Impl>); `Acc` the accelerator.
 ///   - Fp32 with one process: holds only the module; operator() is a direct forward call.
 ///   - Bf16/Fp16: forward runs under autocast and floating outputs come back as fp32
-///     (AcceleratorOptions::convert_outputs_to_fp32).
+///     (PrecisionOptions::convert_outputs_to_fp32).
 ///   - Distributed: also holds the model's gradient reducer (see distributed/reducer.hpp);
-///     before each forward rank 0's buffers are broadcast (AcceleratorOptions::broadcast_buffers),
+///     before each forward rank 0's buffers are broadcast (DdpOptions::broadcast_buffers),
 ///     so every rank must call it, as with PyTorch DDP.
 /// Example:
 ///   auto [model] = acc.prepare(Net());
@@ -33,11 +33,12 @@ class PreparedModel {
   using Impl = typename detail::module_impl<Holder>::type;
   using Precision = typename Acc::precision_policy;
   using ModelSync = typename Acc::engine_type::ModelSync;
-  using AccRef = detail::accelerator_ref<const Acc, Precision::autocast>;
+  using Context = typename Acc::context_type;
+  using ContextRef = detail::context_ref<const Context, Precision::autocast>;
 
  public:
-  PreparedModel(Holder module, const Acc* accelerator, ModelSync sync)
-      : module_(std::move(module)), acc_(accelerator), sync_(std::move(sync)) {}
+  PreparedModel(Holder module, const Context* context, ModelSync sync)
+      : module_(std::move(module)), context_(context), sync_(std::move(sync)) {}
 
   /// Calls the module's forward with the policy's autocast.
   template <class... Args>
@@ -54,12 +55,12 @@ class PreparedModel {
     } else {
       if constexpr (tracks_outputs) sync_.before_forward();
       auto output = [&] {
-        AutocastScope<Precision> scope(acc_->device().type());
+        AutocastScope<Precision> scope(context_->device().type());
         return impl().forward(std::forward<Args>(args)...);
       }();
       if constexpr (tracks_outputs) after_forward(output);
       if constexpr (data::is_nested_v<decltype(output)>) {
-        if (acc_->options().convert_outputs_to_fp32) {
+        if (context_->options().precision.convert_outputs_to_fp32) {
           return data::map_tensors(output, [](const at::Tensor& t) {
             const bool half = t.defined() && (t.scalar_type() == at::kHalf ||
                                               t.scalar_type() == at::kBFloat16);
@@ -102,7 +103,7 @@ class PreparedModel {
   }
 
   Holder module_;
-  [[no_unique_address]] AccRef acc_;
+  [[no_unique_address]] ContextRef context_;
   [[no_unique_address]] ModelSync sync_;
 };
 

@@ -17,41 +17,42 @@
 namespace accelerate {
 
 /// What prepare() returns for an optimizer. With Accelerator<> it holds one pointer and step()
-/// is the optimizer's step(); otherwise step() asks the accelerator, which
-///   - does nothing on non-sync micro-steps (zero_grad too), as Accelerate's wrapper;
-///   - unscales fp16 gradients once, clips them (Clip policy), and skips the step on inf/NaN.
+/// is the optimizer's step(); otherwise step() follows the policies' step states
+/// (step::Context::optimizer_step):
+///   - nothing on non-sync micro-steps (zero_grad too), as Accelerate's wrapper;
+///   - fp16 gradients unscaled once, clipped (Clip policy), and the step skipped on inf/NaN.
 /// Example:
 ///   auto [opt] = acc.prepare(torch::optim::SGD(model->parameters(), 0.1));
 ///   opt.step();  opt.zero_grad();
 template <class Optimizer, class Acc>
 class PreparedOptimizer {
-  static constexpr bool needs_accelerator = Acc::optimizer_needs_accelerator;
-  using AccRef = detail::accelerator_ref<Acc, needs_accelerator>;
-  using AmpSlot = typename Acc::optimizer_amp_slot;
+  using Context = typename Acc::context_type;
+  static constexpr bool plain = Context::plain_optimizer_step;
+  using ContextRef = detail::context_ref<Context, !plain>;
+  using Slot = typename Context::optimizer_slot;
 
  public:
-  PreparedOptimizer(std::shared_ptr<Optimizer> optimizer, Acc* accelerator, AmpSlot amp)
-      : optimizer_(std::move(optimizer)), acc_(accelerator), amp_(std::move(amp)) {}
+  PreparedOptimizer(std::shared_ptr<Optimizer> optimizer, Context* context, Slot slot)
+      : optimizer_(std::move(optimizer)), context_(context), slot_(std::move(slot)) {}
 
   /// The optimizer step, subject to the policies above.
   void step() {
-    if constexpr (needs_accelerator) acc_->optimizer_step(*optimizer_, amp_);
-    else optimizer_->step();
+    if constexpr (plain) optimizer_->step();
+    else context_->optimizer_step(*optimizer_, slot_);
   }
 
   /// Clears gradients (set to undefined by default, as LibTorch 2.x); a no-op on non-sync
   /// micro-steps so gradients keep accumulating.
   void zero_grad(bool set_to_none = true) {
-    if constexpr (Acc::accumulating) {
-      if (!acc_->sync_gradients()) return;
+    if constexpr (Context::accumulation_step::accumulating) {
+      if (!context_->sync_gradients()) return;
     }
     optimizer_->zero_grad(set_to_none);
   }
 
   /// True when the last step() was skipped because of an inf/NaN gradient (fp16).
   bool step_was_skipped() const {
-    if constexpr (Acc::precision_policy::uses_grad_scaler) return amp_->skipped;
-    else return false;
+    return Context::precision_step::skipped(slot_);
   }
 
   Optimizer* operator->() const noexcept { return optimizer_.get(); }
@@ -72,8 +73,8 @@ class PreparedOptimizer {
 
  private:
   std::shared_ptr<Optimizer> optimizer_;
-  [[no_unique_address]] AccRef acc_;
-  [[no_unique_address]] AmpSlot amp_;
+  [[no_unique_address]] ContextRef context_;
+  [[no_unique_address]] Slot slot_;
 };
 
 }  // namespace accelerate

@@ -87,14 +87,15 @@ std::shared_ptr<pointee_t<T>> hold(T&& object) {
   }
 }
 
-/// What a prepared wrapper keeps of its accelerator: a pointer when one of the policies needs
-/// it, else this empty stand-in (stored [[no_unique_address]], so it costs nothing).
-struct NoAccelerator {
-  template <class Acc>
-  constexpr NoAccelerator(Acc*) noexcept {}
+/// What a prepared wrapper keeps of its accelerator's shared state (a step::Context): a
+/// pointer when one of the policies needs it, else this empty stand-in (stored
+/// [[no_unique_address]], so it costs nothing).
+struct NoContext {
+  template <class Context>
+  constexpr NoContext(Context*) noexcept {}
 };
-template <class Acc, bool Needed>
-using accelerator_ref = std::conditional_t<Needed, Acc*, NoAccelerator>;
+template <class Context, bool Needed>
+using context_ref = std::conditional_t<Needed, Context*, NoContext>;
 
 template <class T>
 struct is_data_loader : std::false_type {};

@@ -24,19 +24,20 @@ namespace accelerate {
 ///   auto [sched] = acc.prepare(lr);   sched.step();
 template <class Scheduler, class Acc>
 class PreparedScheduler {
-  static constexpr bool needs_accelerator = Acc::scheduler_needs_accelerator;
-  using AccRef = detail::accelerator_ref<Acc, needs_accelerator>;
+  using Context = typename Acc::context_type;
+  static constexpr bool plain = Context::plain_scheduler_step;
+  using ContextRef = detail::context_ref<Context, !plain>;
 
  public:
-  PreparedScheduler(std::shared_ptr<Scheduler> scheduler, Acc* accelerator)
-      : scheduler_(std::move(scheduler)), acc_(accelerator) {}
+  PreparedScheduler(std::shared_ptr<Scheduler> scheduler, Context* context)
+      : scheduler_(std::move(scheduler)), context_(context) {}
 
   void step() {
-    if constexpr (needs_accelerator) {
-      const int steps = acc_->scheduler_steps_due();
-      for (int i = 0; i < steps; ++i) scheduler_->step();
-    } else {
+    if constexpr (plain) {
       scheduler_->step();
+    } else {
+      const int steps = context_->scheduler_steps_due();
+      for (int i = 0; i < steps; ++i) scheduler_->step();
     }
   }
 
@@ -60,7 +61,7 @@ class PreparedScheduler {
 
  private:
   std::shared_ptr<Scheduler> scheduler_;
-  [[no_unique_address]] AccRef acc_;
+  [[no_unique_address]] ContextRef context_;
 };
 
 }  // namespace accelerate

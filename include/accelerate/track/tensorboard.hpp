@@ -20,7 +20,7 @@
 
 namespace accelerate {
 
-namespace tensorboard_detail {
+namespace detail {
 
 /// CRC-32C (Castagnoli), as TFRecord uses.
 inline std::uint32_t crc32c(const char* data, std::size_t size) {
@@ -89,7 +89,7 @@ inline std::string scalar_summary(const Metrics& values) {
   return summary;
 }
 
-}  // namespace tensorboard_detail
+}  // namespace detail
 
 /// Writes `<dir>/<project>/events.out.tfevents.<time>.<host>` (plus config.json): open it
 /// with `tensorboard --logdir <dir>`.
@@ -110,11 +110,11 @@ class TensorBoardTracker {
     path_ = folder / ("events.out.tfevents." + std::to_string(seconds) + "." + host);
     out_.open(path_, std::ios::binary | std::ios::app);
     ACCELERATE_CHECK(out_.good(), "TensorBoardTracker: cannot write ", path_.string());
-    record(tensorboard_detail::event(now(), 0, 3, "brain.Event:2"));
+    record(detail::event(now(), 0, 3, "brain.Event:2"));
   }
 
   void log(const Metrics& values, std::int64_t step) {
-    record(tensorboard_detail::event(now(), step, 5, tensorboard_detail::scalar_summary(values)));
+    record(detail::event(now(), step, 5, detail::scalar_summary(values)));
   }
 
   void finish() { out_.close(); }
@@ -130,11 +130,11 @@ class TensorBoardTracker {
   // TFRecord: length (uint64), masked CRC of the length, data, masked CRC of the data.
   void record(const std::string& data) {
     std::string header;
-    tensorboard_detail::fixed(header, static_cast<std::uint64_t>(data.size()));
+    detail::fixed(header, static_cast<std::uint64_t>(data.size()));
     std::string framed = header;
-    tensorboard_detail::fixed(framed, tensorboard_detail::masked_crc32c(header.data(), header.size()));
+    detail::fixed(framed, detail::masked_crc32c(header.data(), header.size()));
     framed += data;
-    tensorboard_detail::fixed(framed, tensorboard_detail::masked_crc32c(data.data(), data.size()));
+    detail::fixed(framed, detail::masked_crc32c(data.data(), data.size()));
     out_.write(framed.data(), static_cast<std::streamsize>(framed.size()));
     out_.flush();
     ACCELERATE_CHECK(out_.good(), "TensorBoardTracker: writing ", path_.string(), " failed");

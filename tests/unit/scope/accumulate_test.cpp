@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "../support/models.hpp"
+#include "../../support/models.hpp"
 
 namespace {
 
@@ -35,7 +35,7 @@ TEST(Accumulation, FourMicroStepsOfBEqualOneStepOf4B) {
   const auto fixed = train<accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32, accelerate::Accumulate<4>>>(
       {.cpu = true}, 8, 8 * 32);
   const auto dynamic = train<accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32, accelerate::AccumulateDynamic>>(
-      {.cpu = true, .gradient_accumulation_steps = 4}, 8, 8 * 32);
+      {.cpu = true, .accumulation = {.num_steps = 4}}, 8, 8 * 32);
   EXPECT_LE((fixed - reference).abs().max().item<double>(), 1e-6);
   EXPECT_LE((dynamic - reference).abs().max().item<double>(), 1e-6);
   EXPECT_FALSE(torch::equal(reference, train<accelerate::Accelerator<>>({.cpu = true}, 8, 8 * 32)));
@@ -100,7 +100,7 @@ TEST(Accumulation, TheShortLastWindowIsAveragedOverItsOwnLength) {
 TEST(Clipping, ClipNormReturnsTheGlobalPreClipNorm) {
   using Acc = accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32, accelerate::NoAccumulation,
                                       accelerate::ClipNorm<>>;
-  Acc acc{{.cpu = true, .max_norm = 0.01}};
+  Acc acc{{.cpu = true, .clip = {.max_norm = 0.01}}};
   TinyNet net;
   torch::optim::SGD sgd(net->parameters(), 0.0);  // lr 0: parameters keep, gradients are clipped
   auto [model, opt] = acc.prepare(net, sgd);
@@ -126,7 +126,7 @@ TEST(Clipping, ClipNormReturnsTheGlobalPreClipNorm) {
 TEST(Clipping, ClipValueBoundsEveryElement) {
   using Acc = accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32, accelerate::NoAccumulation,
                                       accelerate::ClipValue>;
-  Acc acc{{.cpu = true, .clip_value = 0.001}};
+  Acc acc{{.cpu = true, .clip = {.clip_value = 0.001}}};
   TinyNet net;
   torch::optim::SGD sgd(net->parameters(), 0.0);
   auto [model, opt] = acc.prepare(net, sgd);
@@ -140,7 +140,7 @@ TEST(Clipping, ClipValueBoundsEveryElement) {
 TEST(Clipping, RunsOnlyOnBoundaries) {
   using Acc = accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32, accelerate::Accumulate<2>,
                                       accelerate::ClipValue>;
-  Acc acc{{.cpu = true, .clip_value = 1e-6}};
+  Acc acc{{.cpu = true, .clip = {.clip_value = 1e-6}}};
   TinyNet net;
   torch::optim::SGD sgd(net->parameters(), 0.0);
   auto [model, opt] = acc.prepare(net, sgd);
@@ -155,7 +155,7 @@ TEST(Clipping, RunsOnlyOnBoundaries) {
 
 TEST(Scheduler, StepsOnlyWhenTheOptimizerStepped) {
   using Acc = accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32, accelerate::AccumulateDynamic>;
-  Acc acc{{.cpu = true, .gradient_accumulation_steps = 3}};
+  Acc acc{{.cpu = true, .accumulation = {.num_steps = 3}}};
   TinyNet net;
   torch::optim::SGD sgd(net->parameters(), 1.0);
   torch::optim::StepLR lr(sgd, 1, 0.5);
@@ -165,7 +165,7 @@ TEST(Scheduler, StepsOnlyWhenTheOptimizerStepped) {
     sched.step();
   }
   EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 0.5);  // 2 boundaries: 2 steps
-  Acc every{{.cpu = true, .gradient_accumulation_steps = 3, .step_scheduler_with_optimizer = false}};
+  Acc every{{.cpu = true, .step_scheduler_with_optimizer = false, .accumulation = {.num_steps = 3}}};
   torch::optim::SGD sgd2(net->parameters(), 1.0);
   torch::optim::StepLR lr2(sgd2, 1, 0.5);
   auto [model2, sched2] = every.prepare(TinyNet(), lr2);

@@ -1,13 +1,12 @@
 // Tests of include/accelerate/track/: JSONL and CSV trackers, a user-defined Tracker, the
-// TensorBoard event-file writer read back by the real TensorBoard reader, the environment
-// report, and the progress bar.
+// TensorBoard event-file writer read back by the real TensorBoard reader, and the progress bar.
 #include <accelerate/accelerate.hpp>
 
 #include <gtest/gtest.h>
 
 #include <fstream>
 
-#include "../support/temp_dir.hpp"
+#include "../../support/temp_dir.hpp"
 
 namespace {
 
@@ -30,7 +29,7 @@ static_assert(accelerate::Tracker<Recording>);
 TEST(Trackers, JsonlCsvAndUserTrackersRecordEveryLog) {
   TempDir dir;
   std::vector<std::pair<std::int64_t, accelerate::Metrics>> seen;
-  accelerate::Accelerator<> acc{{.cpu = true, .log_with = {"jsonl", "csv"}, .logging_dir = dir.path()}};
+  accelerate::Accelerator<> acc{{.cpu = true, .tracking = {.log_with = {"jsonl", "csv"}, .logging_dir = dir.path()}}};
   acc.add_tracker(Recording{&seen});
   acc.init_trackers("run", {{"lr", 0.5}});
   acc.log({{"loss", 1.5}, {"a,b", 2.0}}, 10);
@@ -46,7 +45,7 @@ TEST(Trackers, JsonlCsvAndUserTrackersRecordEveryLog) {
 
 TEST(Trackers, UnknownBuiltInTrackerNamesTheValidOnes) {
   try {
-    accelerate::Accelerator<> acc{{.cpu = true, .log_with = {"wandb"}}};
+    accelerate::Accelerator<> acc{{.cpu = true, .tracking = {.log_with = {"wandb"}}}};
     FAIL();
   } catch (const accelerate::Error& e) {
     EXPECT_NE(std::string(e.what()).find("unknown tracker 'wandb'; valid: jsonl, csv, tensorboard, all"), std::string::npos);
@@ -54,7 +53,7 @@ TEST(Trackers, UnknownBuiltInTrackerNamesTheValidOnes) {
 }
 
 TEST(TensorBoard, Crc32cMatchesTheStandardCheckValue) {
-  EXPECT_EQ(accelerate::tensorboard_detail::crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(accelerate::detail::crc32c("123456789", 9), 0xE3069283u);
 }
 
 TEST(TensorBoard, TheRealTensorBoardReaderReadsOurEventFiles) {
@@ -77,15 +76,6 @@ TEST(TensorBoard, TheRealTensorBoardReaderReadsOurEventFiles) {
   EXPECT_EQ(read_file(dir / "out.txt"),
             "loss 0:1.000000 10:0.500000 20:0.333333 30:0.250000 40:0.200000\n"
             "lr 0:0.000000 10:0.100000 20:0.200000 30:0.300000 40:0.400000\n");
-}
-
-TEST(Environment, ReportNamesVersionsPoliciesAndTheDistributedSetting) {
-  const auto report = accelerate::environment_report<accelerate::Accelerator<accelerate::Gloo, accelerate::Bf16>>();
-  EXPECT_NE(report.find("accelerate-cpp version: 0.1.0"), std::string::npos) << report;
-  EXPECT_NE(report.find("LibTorch version: 2."), std::string::npos) << report;
-  EXPECT_NE(report.find("Policies: Backend=accelerate::Gloo Precision=accelerate::Bf16"), std::string::npos) << report;
-  EXPECT_NE(report.find("Distributed environment: "), std::string::npos) << report;
-  EXPECT_NE(report.find("Gloo backend: compiled in"), std::string::npos) << report;
 }
 
 TEST(Progress, PlainLinesWithoutATerminalAndNothingWhenDisabled) {

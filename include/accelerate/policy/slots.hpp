@@ -1,0 +1,36 @@
+// The four policy slots of an Accelerator, listed once: their names in template-argument order,
+// the type_list that holds one policy per slot, and its description in fingerprints and reports.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include <accelerate/detail/type_name.hpp>
+
+namespace accelerate {
+
+/// A list of types (of presets, of policies for one slot, or of an Accelerator's four policies).
+/// Example:
+///   using Precisions = accelerate::type_list<accelerate::Fp32, accelerate::Bf16>;
+template <class... Ts>
+struct type_list {};
+
+/// The slots, in template-argument order: Accelerator<Backend, Precision, Accumulation, Clip>.
+inline constexpr std::array<std::string_view, 4> slot_names{"Backend", "Precision", "Accumulation", "Clip"};
+
+namespace detail {
+
+/// "Backend=accelerate::Gloo Precision=accelerate::Bf16 ..." for an Accelerator's `policies`.
+template <class... Policies>
+std::string describe_slots(type_list<Policies...>) {
+  static_assert(sizeof...(Policies) == slot_names.size(), "one policy per slot");
+  std::string out;
+  std::size_t slot = 0;
+  ((out += (slot ? " " : "") + std::string(slot_names[slot]) + "=" + std::string(type_name<Policies>()), ++slot), ...);
+  return out;
+}
+
+}  // namespace detail
+}  // namespace accelerate

@@ -1,0 +1,147 @@
+// The Accumulation slot's step state: the micro-step counter, whether this micro-step is an
+// accumulation boundary, and what backward() divides the loss by, specialised per policy.
+//
+// Customization point: `step::AccumulationStep<A>`, specialised for a new Accumulation policy.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include <ATen/core/Tensor.h>
+
+#include <accelerate/checkpoint/stateful.hpp>
+#include <accelerate/detail/check.hpp>
+#include <accelerate/detail/diagnostics.hpp>
+#include <accelerate/gradient_state.hpp>
+#include <accelerate/options.hpp>
+#include <accelerate/policy/accumulation.hpp>
+
+namespace accelerate::step {
+
+/// The step state of Accumulation policy `A`. Each policy has a specialisation with this
+/// interface (an empty type when nothing is counted):
+///   static constexpr bool accumulating;            // some micro-steps skip synchronisation
+///   explicit AccumulationStep(const AccumulationOptions&);   // validates its options
+///   std::size_t steps() const;   std::size_t step() const;   bool sync() const;
+///   void advance(const GradientState& loaders, bool sync_with_dataloader);  // a new micro-step
+///   at::Tensor divide(const at::Tensor& loss) const;          // backward()'s loss / window
+///   StateDict state_dict() const;   void load_state_dict(const StateDict&);  // saved per rank
+/// Example (a new policy):
+///   template <> class accelerate::step::AccumulationStep<MyPolicy> : public AccumulationWindow {...};
+template <class A>
+class AccumulationStep {
+  static_assert(detail::dependent_false<A>,
+                "accelerate: this Accumulation policy has no step state; specialise "
+                "accelerate::step::AccumulationStep<Policy> (see <accelerate/step/accumulation.hpp>)");
+};
+
+/// NoAccumulation: every micro-step is a boundary; no state, and sync() is a compile-time true.
+template <>
+class AccumulationStep<NoAccumulation> {
+ public:
+  static constexpr bool accumulating = false;
+
+  explicit AccumulationStep(const AccumulationOptions& o) {
+    ACCELERATE_CHECK(o.num_steps <= 1, "AcceleratorOptions::accumulation.num_steps is ", o.num_steps,
+                     " but the Accumulation policy fixes 1 micro-step per optimizer step; use "
+                     "Accumulate<N> or AccumulateDynamic");
+  }
+
+  static constexpr std::size_t steps() noexcept { return 1; }
+  static constexpr std::size_t step() noexcept { return 0; }
+  static constexpr bool sync() noexcept { return true; }
+  static void advance(const GradientState&, bool) noexcept {}
+  static const at::Tensor& divide(const at::Tensor& loss) noexcept { return loss; }
+
+  StateDict state_dict() const {
+    StateDict s;
+    s.values = {{"step", 0}};
+    return s;
+  }
+  void load_state_dict(const StateDict&) {}
+};
+
+/// Accumulate<1> is NoAccumulation.
+template <>
+class AccumulationStep<Accumulate<1>> : public AccumulationStep<NoAccumulation> {
+ public:
+  using AccumulationStep<NoAccumulation>::AccumulationStep;
+};
+
+/// The counting shared by the accumulating policies, a base for new ones: a window of `steps`
+/// micro-steps, cut short by the end of a prepared dataloader
+/// (AccumulationOptions::sync_with_dataloader).
+class AccumulationWindow {
+ public:
+  static constexpr bool accumulating = true;
+
+  std::size_t steps() const noexcept { return steps_; }
+  /// Micro-steps counted since the last forced sync (Accelerate's `step`).
+  std::size_t step() const noexcept { return step_; }
+  bool sync() const noexcept { return sync_; }
+
+  void advance(const GradientState& loaders, bool sync_with_dataloader) {
+    // Outside every prepared loop the loader state says nothing, so the window is N long.
+    if (sync_) {
+      // A new window: divide by its real length when the dataloader ends it early, so the
+      // gradient is the window's mean (Accelerate always divides by N).
+      const std::size_t remaining = sync_with_dataloader ? loaders.remaining() : 0;
+      divisor_ = static_cast<double>(remaining > 0 ? std::min(steps_, remaining) : steps_);
+    }
+    if (sync_with_dataloader && loaders.end_of_dataloader()) {
+      step_ = 0;
+      sync_ = true;
+    } else {
+      ++step_;
+      sync_ = step_ % steps_ == 0;
+    }
+  }
+
+  at::Tensor divide(const at::Tensor& loss) const { return loss / divisor_; }
+
+  StateDict state_dict() const {
+    StateDict s;
+    s.values = {{"step", step_}, {"sync_gradients", sync_}, {"divisor", divisor_}};
+    return s;
+  }
+  void load_state_dict(const StateDict& s) {
+    step_ = s.value<std::size_t>("step");
+    sync_ = s.value<bool>("sync_gradients");
+    divisor_ = s.value<double>("divisor");
+  }
+
+ protected:
+  explicit AccumulationWindow(std::size_t steps) : steps_(steps), divisor_(static_cast<double>(steps)) {}
+
+ private:
+  std::size_t steps_;       // N: micro-steps per optimizer step
+  std::size_t step_ = 0;
+  bool sync_ = true;        // this micro-step completes a window
+  double divisor_;          // what backward() divides the loss by in the current window
+};
+
+/// Accumulate<N>: N fixed at compile time; the option may repeat it but not contradict it.
+template <std::size_t N>
+class AccumulationStep<Accumulate<N>> : public AccumulationWindow {
+ public:
+  explicit AccumulationStep(const AccumulationOptions& o) : AccumulationWindow(N) {
+    ACCELERATE_CHECK(o.num_steps == 0 || o.num_steps == N, "AcceleratorOptions::accumulation.num_steps is ",
+                     o.num_steps, " but the policy is Accumulate<", N, ">; leave it 0 or use AccumulateDynamic");
+  }
+};
+
+/// AccumulateDynamic: N = AccumulationOptions::num_steps, chosen at run time.
+template <>
+class AccumulationStep<AccumulateDynamic> : public AccumulationWindow {
+ public:
+  explicit AccumulationStep(const AccumulationOptions& o) : AccumulationWindow(checked(o.num_steps)) {}
+
+ private:
+  static std::size_t checked(std::size_t steps) {
+    ACCELERATE_CHECK(steps >= 1, "AcceleratorOptions::accumulation.num_steps must be >= 1 with "
+                     "AccumulateDynamic, got ", steps);
+    return steps;
+  }
+};
+
+}  // namespace accelerate::step

@@ -1,0 +1,112 @@
+// step::Context: what an Accelerator and the objects it prepared share — the engine, the
+// run-time state every configuration has, one step state per policy slot — and the order in
+// which the step states act in an optimizer step. Prepared objects hold a pointer to it, never
+// to the Accelerator, so the Accelerator's public API is only what users call.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include <c10/core/Device.h>
+
+#include <accelerate/checkpoint/registry.hpp>
+#include <accelerate/distributed/engine.hpp>
+#include <accelerate/gradient_state.hpp>
+#include <accelerate/options.hpp>
+#include <accelerate/step/accumulation.hpp>
+#include <accelerate/step/clip.hpp>
+#include <accelerate/step/precision.hpp>
+#include <accelerate/track/tracker.hpp>
+
+namespace accelerate {
+
+namespace detail {
+
+/// State every Accelerator has, whatever its policies.
+struct CoreState {
+  AcceleratorOptions options;
+  c10::Device device{c10::kCPU};
+  GradientState gradient_state;            // the prepared dataloaders being iterated now
+  checkpoint::Registry checkpoint;          // what save_state/load_state visit
+  bool trigger = false;                    // set_trigger()/check_trigger()
+  std::uint64_t losses_checked = 0;        // backward() calls under check_finite_loss
+  std::vector<AnyTracker> trackers;        // main process only
+};
+
+}  // namespace detail
+
+namespace step {
+
+/// The shared state of an Accelerator<Backend, Precision, Accumulation, Clip> whose Backend's
+/// engine is `Engine`. A policy that is off contributes an empty member that takes no space
+/// (tests/static/zero_cost.cpp). Not for users: reach it through the Accelerator.
+template <class Engine, class Accumulation, class Precision, class Clip>
+struct Context {
+  using accumulation_step = AccumulationStep<Accumulation>;
+  using precision_step = PrecisionStep<Precision>;
+  using clip_step = ClipStep<Clip>;
+  /// What a prepared optimizer keeps for the Precision policy (nothing, or its scaler state).
+  using optimizer_slot = typename precision_step::OptimizerSlot;
+
+  /// Whether a prepared optimizer's step() is exactly the optimizer's step() (no policy acts).
+  static constexpr bool plain_optimizer_step =
+      !accumulation_step::accumulating && !precision_step::scales_loss && !clip_step::active;
+  /// Whether a prepared scheduler's step() is exactly the scheduler's step().
+  static constexpr bool plain_scheduler_step =
+      !accumulation_step::accumulating && !precision_step::scales_loss && !Engine::distributed;
+
+  /// Builds the engine (joins the other processes), picks the device, and registers the step
+  /// states a checkpoint carries: the grad scaler (Fp16) and each rank's micro-step counter.
+  Context(const AcceleratorOptions& options, std::string_view fingerprint)
+      : engine(options, fingerprint),
+        core{options, engine.device(options), {}, {}, false, 0, {}},
+        accumulation(options.accumulation),
+        precision(options.precision, core.device) {
+    precision.register_state(core.checkpoint);
+    core.checkpoint.add({checkpoint::Entry::Kind::micro_step, checkpoint::EntryOwner::every_rank,
+                         [this] { return accumulation.state_dict(); },
+                         [this](const StateDict& s) { accumulation.load_state_dict(s); }});
+  }
+  // The checkpoint registry refers to this object's members.
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  /// The optimizer step's ordering contract, the same for every combination of policies:
+  /// nothing off an accumulation boundary; then the true (unscaled) gradients, once; then
+  /// clipping, on synchronised unscaled gradients; then the step itself, run by the engine
+  /// (a sharded engine steps its shard) unless the Precision policy skips it (inf/NaN).
+  template <class Optimizer>
+  void optimizer_step(Optimizer& optimizer, optimizer_slot& slot) {
+    if (!accumulation.sync()) return;
+    precision.unscale(slot);
+    clip.apply(engine, optimizer, core.options.clip);
+    precision.step(slot, [&] { distributed::step_optimizer(engine, optimizer); });
+  }
+
+  /// How many times a prepared scheduler steps now: 0 when the optimizer did not step, else
+  /// num_processes (schedules are written in single-process batches, as in Accelerate), or 1
+  /// on every call without AcceleratorOptions::step_scheduler_with_optimizer.
+  int scheduler_steps_due() const {
+    if (!core.options.step_scheduler_with_optimizer) return 1;
+    if (!accumulation.sync() || precision.step_skipped()) return 0;
+    return engine.world_size();
+  }
+
+  /// Whether the current micro-step completes an accumulation window.
+  bool sync_gradients() const noexcept { return accumulation.sync(); }
+  const c10::Device& device() const noexcept { return core.device; }
+  const AcceleratorOptions& options() const noexcept { return core.options; }
+  int num_processes() const noexcept { return engine.world_size(); }
+  /// Where prepared dataloaders register their iterations.
+  GradientState& gradient_state() noexcept { return core.gradient_state; }
+
+  [[no_unique_address]] Engine engine;
+  detail::CoreState core;
+  [[no_unique_address]] accumulation_step accumulation;
+  [[no_unique_address]] precision_step precision;
+  [[no_unique_address]] clip_step clip;
+};
+
+}  // namespace step
+}  // namespace accelerate

@@ -1,0 +1,157 @@
+// The Precision slot's step state: the device check, what backward() does to the loss, what a
+// prepared optimizer keeps, and the guarded optimizer step, specialised per policy. The
+// primary template serves every autocast-only policy (Fp32, Bf16, a user's own); Fp16 adds
+// dynamic loss scaling (LossScalingStep).
+//
+// Customization point: `step::PrecisionStep<P>`, specialised for a policy that does more than
+// autocast (derive from LossScalingStep<P> for one that scales the loss).
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/core/Device.h>
+#include <torch/optim/optimizer.h>
+
+#include <accelerate/amp/grad_scaler.hpp>
+#include <accelerate/checkpoint/registry.hpp>
+#include <accelerate/compat/torch.hpp>
+#include <accelerate/detail/check.hpp>
+#include <accelerate/options.hpp>
+#include <accelerate/policy/precision.hpp>
+#include <accelerate/step/optimizer_params.hpp>
+
+namespace accelerate::step {
+
+/// Refuses a policy whose autocast dtype the device cannot compute in. Accelerate silently
+/// drops fp16 on the CPU; we fail instead of training in another precision than asked for.
+template <PrecisionPolicy P>
+void check_autocast_supported(const c10::Device& device) {
+  if constexpr (P::autocast) {
+    ACCELERATE_CHECK(compat::autocast_supports(device.type(), P::dtype), "Accelerator: mixed precision '",
+                     P::name, "' is not supported by autocast on ", device, " with LibTorch ",
+                     compat::torch_version, "; choose another Precision policy");
+  }
+}
+
+/// The step state of Precision policy `P`. This primary template is the policy that only
+/// autocasts (its forward runs under AutocastScope<P>): the loss is backpropagated as it is,
+/// optimizers keep nothing and always step, and it is an empty type. A specialisation has the
+/// same interface:
+///   PrecisionStep(const PrecisionOptions&, const c10::Device&);   // validates the device
+///   static constexpr bool scales_loss;
+///   scale(loss);                      // what backward() backpropagates
+///   OptimizerSlot add_optimizer(opt); // what a prepared optimizer keeps
+///   unscale(slot); unscale_owners(params, caller);   // true gradients, once per step
+///   step(slot, run_step);             // runs (or skips) the optimizer step
+///   skipped(slot); step_skipped(); loss_scale(); register_state(registry);
+/// Example:
+///   static_assert(std::is_empty_v<accelerate::step::PrecisionStep<accelerate::Bf16>>);
+template <class P>
+class PrecisionStep {
+ public:
+  /// What a prepared optimizer keeps for this policy: nothing.
+  struct OptimizerSlot {};
+  static constexpr bool scales_loss = false;
+
+  PrecisionStep(const PrecisionOptions&, const c10::Device& device) { check_autocast_supported<P>(device); }
+
+  static const at::Tensor& scale(const at::Tensor& loss) noexcept { return loss; }
+  static OptimizerSlot add_optimizer(const torch::optim::Optimizer&) noexcept { return {}; }
+  static void unscale(OptimizerSlot&) noexcept {}
+  static void unscale_owners(const std::vector<at::Tensor>&, const char*) noexcept {}
+  template <class RunStep>
+  static void step(OptimizerSlot&, RunStep&& run_step) {
+    run_step();
+  }
+  static constexpr bool skipped(const OptimizerSlot&) noexcept { return false; }
+  static constexpr bool step_skipped() noexcept { return false; }
+  static constexpr double loss_scale() noexcept { return 1.0; }
+  static void register_state(checkpoint::Registry&) noexcept {}
+};
+
+/// Dynamic loss scaling (PyTorch's GradScaler semantics) on top of P's autocast: backward
+/// multiplies the loss by the scale, each optimizer's gradients are unscaled once per step
+/// (before clipping), a step whose gradients hold an inf or NaN is skipped and the scale
+/// adjusted. The scaler's state is saved with the checkpoint.
+template <PrecisionPolicy P>
+class LossScalingStep {
+ public:
+  /// Per optimizer: its parameters, whether they were unscaled in this step, what was found.
+  using OptimizerSlot = std::shared_ptr<OptimizerAmpState>;
+  static constexpr bool scales_loss = true;
+
+  LossScalingStep(const PrecisionOptions& options, const c10::Device& device)
+      : scaler_(options.grad_scaler, device) {
+    check_autocast_supported<P>(device);
+  }
+  // register_state() hands the registry pointers to this object.
+  LossScalingStep(const LossScalingStep&) = delete;
+  LossScalingStep& operator=(const LossScalingStep&) = delete;
+
+  at::Tensor scale(const at::Tensor& loss) const { return scaler_.scale(loss); }
+
+  OptimizerSlot add_optimizer(const torch::optim::Optimizer& optimizer) {
+    auto slot = std::make_shared<OptimizerAmpState>();
+    slot->params = optimizer_params(optimizer);
+    optimizers_.push_back(slot);
+    return slot;
+  }
+
+  void unscale(OptimizerSlot& slot) { scaler_.unscale_(slot->params, *slot); }
+
+  /// Unscales the gradients of the optimizers owning any of `params` (a user's clip call).
+  void unscale_owners(const std::vector<at::Tensor>& params, const char* caller) {
+    for (auto& slot : optimizers_) {
+      const bool owns = std::any_of(params.begin(), params.end(), [&](const at::Tensor& p) {
+        return std::any_of(slot->params.begin(), slot->params.end(), [&](const at::Tensor& q) { return q.is_same(p); });
+      });
+      if (!owns) continue;
+      // Unscaling twice would divide the gradients by the scale twice.
+      ACCELERATE_CHECK(!slot->unscaled, caller, ": the gradients of these parameters were already "
+                       "unscaled in this optimizer step (a second clip call before opt.step()?); "
+                       "they are unscaled once per step, as torch.amp.GradScaler.unscale_");
+      scaler_.unscale_(slot->params, *slot);
+    }
+  }
+
+  template <class RunStep>
+  void step(OptimizerSlot& slot, RunStep&& run_step) {
+    // Gradients are synchronised before this point, so every rank sees the same inf/NaN.
+    const bool skip = slot->found_inf.template item<float>() > 0;
+    if (!skip) run_step();
+    slot->skipped = skip;
+    step_skipped_ = skip;
+    scaler_.update(slot->found_inf);
+    slot->unscaled = false;
+  }
+
+  static bool skipped(const OptimizerSlot& slot) noexcept { return slot->skipped; }
+  /// Whether the last optimizer step was skipped for an inf/NaN gradient.
+  bool step_skipped() const noexcept { return step_skipped_; }
+  double loss_scale() const { return scaler_.get_scale(); }
+  GradScaler& scaler() noexcept { return scaler_; }
+
+  /// The scaler is one file of the checkpoint, written by the main rank.
+  void register_state(checkpoint::Registry& registry) {
+    registry.add({checkpoint::Entry::Kind::scaler, checkpoint::EntryOwner::main_rank,
+                  [this] { return scaler_.state_dict(); },
+                  [this](const StateDict& s) { scaler_.load_state_dict(s); }});
+  }
+
+ private:
+  GradScaler scaler_;
+  std::vector<OptimizerSlot> optimizers_;
+  bool step_skipped_ = false;
+};
+
+/// Fp16: float16 autocast with dynamic loss scaling.
+template <>
+class PrecisionStep<Fp16> : public LossScalingStep<Fp16> {
+ public:
+  using LossScalingStep<Fp16>::LossScalingStep;
+};
+
+}  // namespace accelerate::step

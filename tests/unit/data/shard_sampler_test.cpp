@@ -1,0 +1,69 @@
+// Tests of include/accelerate/data/shard_sampler.hpp: per-rank shards, even batches, shuffling.
+#include <accelerate/data/shard_sampler.hpp>
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace {
+
+using accelerate::data::ShardSampler;
+using accelerate::data::ShardSpec;
+
+std::vector<std::vector<int64_t>> epoch_batches(const ShardSampler& s, std::size_t epoch = 0) {
+  const auto order = s.order(epoch);
+  std::vector<std::vector<int64_t>> out;
+  for (std::size_t k = 0; k < s.batches_per_rank(); ++k) out.push_back(s.batch(order, k));
+  return out;
+}
+
+TEST(ShardSampler, OneProcessIsPlainBatching) {
+  ShardSampler s({.dataset_size = 10, .batch_size = 4});
+  EXPECT_EQ(epoch_batches(s), (std::vector<std::vector<int64_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9}}));
+  EXPECT_EQ(s.remainder(), 0u);
+  ShardSampler dropping({.dataset_size = 10, .batch_size = 4, .drop_last = true});
+  EXPECT_EQ(dropping.batches_per_rank(), 2u);
+}
+
+TEST(ShardSampler, EvenBatchesWrapAroundToTheStartOfTheEpoch) {
+  // 10 samples, batch 4, 2 ranks: global batches 0..3 dealt round-robin; the tail wraps.
+  ShardSampler r0({.dataset_size = 10, .batch_size = 4, .world_size = 2, .rank = 0});
+  ShardSampler r1({.dataset_size = 10, .batch_size = 4, .world_size = 2, .rank = 1});
+  EXPECT_EQ(epoch_batches(r0), (std::vector<std::vector<int64_t>>{{0, 1, 2, 3}, {8, 9, 0, 1}}));
+  EXPECT_EQ(epoch_batches(r1), (std::vector<std::vector<int64_t>>{{4, 5, 6, 7}, {2, 3, 4, 5}}));
+  EXPECT_EQ(r0.remainder(), 2u);  // of the last round's 8 samples, 2 are real
+}
+
+TEST(ShardSampler, ShardsAreDisjointAndCoverTheDataset) {
+  for (std::size_t world : {2u, 3u}) {
+    std::multiset<int64_t> seen;
+    for (std::size_t rank = 0; rank < world; ++rank) {
+      ShardSampler s({.dataset_size = 96, .batch_size = 8, .world_size = world, .rank = rank,
+                      .shuffle = true, .seed = 5});
+      for (const auto& b : epoch_batches(s, 3)) seen.insert(b.begin(), b.end());
+    }
+    EXPECT_EQ(seen.size(), 96u);
+    EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()).size(), 96u) << "world " << world;
+  }
+}
+
+TEST(ShardSampler, UnevenAndDropLastModes) {
+  ShardSpec spec{.dataset_size = 10, .batch_size = 4, .world_size = 2, .even_batches = false};
+  spec.rank = 0;
+  EXPECT_EQ(epoch_batches(ShardSampler(spec)), (std::vector<std::vector<int64_t>>{{0, 1, 2, 3}, {8, 9}}));
+  spec.rank = 1;
+  EXPECT_EQ(epoch_batches(ShardSampler(spec)), (std::vector<std::vector<int64_t>>{{4, 5, 6, 7}}));
+  ShardSampler dropping({.dataset_size = 10, .batch_size = 4, .world_size = 2, .drop_last = true});
+  EXPECT_EQ(dropping.batches_per_rank(), 1u);
+}
+
+TEST(ShardSampler, ShuffleDependsOnSeedAndEpochOnly) {
+  ShardSampler a({.dataset_size = 50, .batch_size = 5, .shuffle = true, .seed = 1});
+  ShardSampler b({.dataset_size = 50, .batch_size = 5, .shuffle = true, .seed = 1});
+  EXPECT_EQ(a.order(2), b.order(2));
+  EXPECT_NE(a.order(2), a.order(3));
+  ShardSampler c({.dataset_size = 50, .batch_size = 5, .shuffle = true, .seed = 2});
+  EXPECT_NE(a.order(2), c.order(2));
+}
+
+}  // namespace
