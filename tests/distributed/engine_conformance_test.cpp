@@ -386,6 +386,20 @@ TEST(EngineHooks, TheAcceleratorCallsAnEnginesOwnStepClipAndWriterHooks) {
   EXPECT_TRUE(std::filesystem::exists(dir / "written" / "model.safetensors"));
 }
 
+TEST(EngineHooks, AnEnginesOptimizerStepRunsEvenWhenNoPolicyActsOnTheStep) {
+  // With no accumulation, scaling or clipping, the prepared optimizer could call the
+  // optimizer directly; a sharded engine must still step its own shard.
+  Accelerator<HookedBackend> acc{{.cpu = true}};
+  torch::nn::Linear net(3, 1);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, opt] = acc.prepare(net, sgd);
+  acc.backward(model(torch::ones({2, 3})).sum());
+  opt.step();
+  EXPECT_EQ(acc.engine().steps, 1);
+  static_assert(!decltype(acc)::context_type::plain_optimizer_step);
+  static_assert(accelerate::Accelerator<>::context_type::plain_optimizer_step);
+}
+
 TEST(EngineHooks, WithoutHooksTheDefaultsAreDataParallels) {
   dist::LocalEngine engine(AcceleratorOptions{}, "");
   EXPECT_TRUE(dist::writes_replicated_state(engine));  // rank 0 of 1

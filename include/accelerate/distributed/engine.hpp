@@ -17,6 +17,7 @@
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/optimizer.h>
 
 #include <accelerate/checkpoint/module_state.hpp>
 #include <accelerate/distributed/reduction.hpp>
@@ -87,6 +88,12 @@ void step_optimizer(E& engine, Optimizer& optimizer) {
   if constexpr (requires { engine.step_optimizer(optimizer); }) engine.step_optimizer(optimizer);
   else optimizer.step();
 }
+
+/// Whether engine E runs optimizer steps itself (it declares step_optimizer): then every
+/// prepared optimizer's step() goes through it, whatever the other policies.
+template <class E>
+inline constexpr bool customises_step_optimizer =
+    requires(E& engine, torch::optim::Optimizer& optimizer) { engine.step_optimizer(optimizer); };
 
 /// Clips the gradients of `params` to a global `norm_type`-norm of at most `max_norm` and
 /// returns the norm before clipping. Default: gradients are replicated, so the local norm is

@@ -49,9 +49,10 @@ struct Context {
   /// What a prepared optimizer keeps for the Precision policy (nothing, or its scaler state).
   using optimizer_slot = typename precision_step::OptimizerSlot;
 
-  /// Whether a prepared optimizer's step() is exactly the optimizer's step() (no policy acts).
-  static constexpr bool plain_optimizer_step =
-      !accumulation_step::accumulating && !precision_step::scales_loss && !clip_step::active;
+  /// Whether a prepared optimizer's step() is exactly the optimizer's step(): no policy acts
+  /// on it and the engine leaves optimizer steps to the optimizer.
+  static constexpr bool plain_optimizer_step = !accumulation_step::accumulating && !precision_step::scales_loss &&
+                                               !clip_step::active && !distributed::customises_step_optimizer<Engine>;
   /// Whether a prepared scheduler's step() is exactly the scheduler's step().
   static constexpr bool plain_scheduler_step =
       !accumulation_step::accumulating && !precision_step::scales_loss && !Engine::distributed;
