@@ -10,16 +10,25 @@
 
 namespace accelerate {
 
-/// A Clip policy is an empty tag with a `name` (diagnostics, fingerprints); its behaviour is
-/// its step state, a specialisation of accelerate::step::ClipStep. The threshold is a run-time
-/// option (AcceleratorOptions::clip).
+/// What every Clip policy names as its `slot`. Clip policies have no other compile-time fact
+/// in common (their behaviour is their step state), so without it any empty tag with a name —
+/// a Backend policy — would pass for one.
+struct ClipSlotTag {};
+
+/// A Clip policy is an empty tag with `using slot = ClipSlotTag` and a `name` (diagnostics,
+/// fingerprints); its behaviour is its step state, a specialisation of
+/// accelerate::step::ClipStep. The threshold is a run-time option (AcceleratorOptions::clip).
+/// Example:
+///   struct MyClip { using slot = accelerate::ClipSlotTag; static constexpr std::string_view name = "MyClip"; };
 template <class C>
 concept ClipPolicy = std::is_empty_v<C> && requires {
+  requires std::same_as<typename C::slot, ClipSlotTag>;
   { C::name } -> std::convertible_to<std::string_view>;
 };
 
 /// No clipping: adds no code.
 struct NoClip {
+  using slot = ClipSlotTag;
   static constexpr std::string_view name = "NoClip";
 };
 
@@ -31,6 +40,7 @@ struct NoClip {
 template <double P = 2.0>
 struct ClipNorm {
   static_assert(P > 0.0, "accelerate::ClipNorm<P>: P must be positive (or infinity)");
+  using slot = ClipSlotTag;
   static constexpr std::string_view name = "ClipNorm";
   static constexpr double norm_type = P;
 };
@@ -40,6 +50,7 @@ using ClipNormInf = ClipNorm<std::numeric_limits<double>::infinity()>;
 
 /// Clamps every gradient element to [-clip_value, clip_value] (AcceleratorOptions::clip.clip_value).
 struct ClipValue {
+  using slot = ClipSlotTag;
   static constexpr std::string_view name = "ClipValue";
 };
 

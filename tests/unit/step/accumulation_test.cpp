@@ -44,6 +44,7 @@ class AccumulationStepConformance : public ::testing::Test {
 TYPED_TEST_SUITE(AccumulationStepConformance, AccumulationPolicies);
 
 TYPED_TEST(AccumulationStepConformance, OutsideALoopEveryStepsThMicroStepIsABoundary) {
+  static_assert(accelerate::AccumulationPolicy<typename TypeParam::policy>);
   auto step = this->make();
   const std::size_t n = step.steps();
   ASSERT_GE(n, 1u);

@@ -10,6 +10,8 @@
 #include <torch/optim/sgd.h>
 
 #include <accelerate/distributed/local_engine.hpp>
+#include <accelerate/policy/backend.hpp>
+#include <accelerate/policy/precision.hpp>
 
 namespace {
 
@@ -45,7 +47,11 @@ class ClipStepConformance : public ::testing::Test {
 };
 TYPED_TEST_SUITE(ClipStepConformance, ClipPolicies);
 
+// Another slot's policy is not a Clip policy, however few facts a Clip policy has.
+static_assert(!accelerate::ClipPolicy<accelerate::Gloo> && !accelerate::ClipPolicy<accelerate::Fp32>);
+
 TYPED_TEST(ClipStepConformance, GradientsWithinEveryThresholdAreLeftAlone) {
+  static_assert(accelerate::ClipPolicy<TypeParam>);
   typename TestFixture::Step step;
   this->set_gradients(1e-3);
   const auto before = this->flat_gradients();

@@ -38,6 +38,7 @@ class PrecisionStepConformance : public ::testing::Test {
 TYPED_TEST_SUITE(PrecisionStepConformance, PrecisionPolicies);
 
 TYPED_TEST(PrecisionStepConformance, UnscaledGradientsAreThoseOfThePlainLoss) {
+  static_assert(accelerate::PrecisionPolicy<TypeParam>);
   typename TestFixture::Step step({}, this->cpu);
   auto slot = step.add_optimizer(*this->sgd);
   torch::manual_seed(1);
