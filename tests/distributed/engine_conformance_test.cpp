@@ -365,14 +365,21 @@ struct accelerate::detail::backend_engine<HookedBackend> {
 
 namespace {
 
+// Prepares `net` and `sgd` with `acc` and runs one training step; returns the prepared model.
+template <class Acc>
+auto train_one_step(Acc& acc, torch::nn::Linear& net, torch::optim::SGD& sgd) {
+  auto [model, opt] = acc.prepare(net, sgd);
+  acc.backward(model(torch::ones({2, 3})).sum());
+  opt.step();
+  return model;
+}
+
 TEST(EngineHooks, TheAcceleratorCallsAnEnginesOwnStepClipAndWriterHooks) {
   Accelerator<HookedBackend, Fp32, NoAccumulation, ClipNorm<>> acc{{.cpu = true}};
   static_assert(std::is_same_v<decltype(acc)::engine_type, HookedEngine>);
   torch::nn::Linear net(3, 1);
   torch::optim::SGD sgd(net->parameters(), 0.1);
-  auto [model, opt] = acc.prepare(net, sgd);
-  acc.backward(model(torch::ones({2, 3})).sum());
-  opt.step();
+  auto model = train_one_step(acc, net, sgd);
   EXPECT_EQ(acc.engine().steps, 1);
   EXPECT_EQ(acc.engine().clips, 1);
   acc.clip_grad_norm_(net->parameters(), 1.0);  // the public call goes through the hook too
@@ -392,9 +399,7 @@ TEST(EngineHooks, AnEnginesOptimizerStepRunsEvenWhenNoPolicyActsOnTheStep) {
   Accelerator<HookedBackend> acc{{.cpu = true}};
   torch::nn::Linear net(3, 1);
   torch::optim::SGD sgd(net->parameters(), 0.1);
-  auto [model, opt] = acc.prepare(net, sgd);
-  acc.backward(model(torch::ones({2, 3})).sum());
-  opt.step();
+  train_one_step(acc, net, sgd);
   EXPECT_EQ(acc.engine().steps, 1);
   static_assert(!decltype(acc)::context_type::plain_optimizer_step);
   static_assert(accelerate::Accelerator<>::context_type::plain_optimizer_step);

@@ -392,7 +392,7 @@ TEST(Misconfiguration, DifferentWorldSizesOrOptionsAreNamedOnBothSides) {
     EXPECT_NE(wait_for(r0, 40s), 0);
     EXPECT_NE(wait_for(r1, 40s), 0);
     const auto log = read_file(r0.log);
-    EXPECT_NE(log.find("gradient_accumulation_steps=4 (rank 1: gradient_accumulation_steps=2)"), std::string::npos) << log;
+    EXPECT_NE(log.find("accumulation.num_steps=4 (rank 1: accumulation.num_steps=2)"), std::string::npos) << log;
   }
   {
     auto r0 = rank(0, "2", "4"), r1 = rank(1, "3", "4");

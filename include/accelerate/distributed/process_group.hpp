@@ -128,7 +128,7 @@ class ProcessGroupEngine {
     // verify_collectives is compared here but not in the checkpoint's fingerprint: a debugging
     // run may resume a normal one; a rank verifying among ranks that do not would pair its
     // descriptions with their payloads.
-    description << fingerprint << " world_size=" << env_.world_size << " verify_collectives=" << verify;
+    description << fingerprint << " world_size=" << env_.world_size << " process_group.verify_collectives=" << verify;
     // One store per process, kept for its lifetime: a later Accelerator in the same program
     // (ranks create them in the same order) rendezvous under its own key prefix instead of
     // racing a peer's not-yet-closed server on the same port.
