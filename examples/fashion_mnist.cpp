@@ -30,6 +30,7 @@ struct Args {
   std::uint64_t seed = 42;
   std::string data = accelerate::data::fashion_mnist_default_dir.string();
   bool progress = true;
+  std::size_t max_train_samples = 0;  // train on the first N samples only (0: all), for quick runs
   std::string project_dir;  // checkpoint every epoch here; the final model in <dir>/model
   bool resume = false;      // continue from the latest checkpoint in project_dir
   std::vector<std::string> log_with;  // trackers: jsonl, csv, tensorboard, all
@@ -49,7 +50,7 @@ struct Progress {
   std::cerr << "fashion_mnist: " << problem << "\n"
             << "usage: fashion_mnist [--nproc N] [--epochs N] [--batch-size N] [--lr X] [--seed N]\n"
             << "                     [--data DIR] [--precision fp32|bf16|fp16] [--accum K]\n"
-            << "                     [--clip-norm X] [--project-dir DIR [--resume]]\n"
+            << "                     [--clip-norm X] [--project-dir DIR [--resume]] [--max-train-samples N]\n"
             << "                     [--log-with jsonl,csv,tensorboard|all] [--no-progress] [--env]\n"
             << "                     [--allow-nonfinite-loss]\n"
             << "                     [--config default_config.yaml]   (precedence: flags, then ACCELERATE_*\n"
@@ -111,6 +112,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--seed") a.seed = parse_count<std::uint64_t>(flag, value());
     else if (flag == "--data") a.data = value();
     else if (flag == "--no-progress") a.progress = false;
+    else if (flag == "--max-train-samples") a.max_train_samples = parse_count<std::size_t>(flag, value());
     else if (flag == "--project-dir") a.project_dir = value();
     else if (flag == "--resume") a.resume = true;
     else if (flag == "--env") a.env = true;
@@ -169,7 +171,11 @@ int train(const Args& args) {
   if (!args.project_dir.empty())
     options.project = {.project_dir = args.project_dir, .automatic_checkpoint_naming = true, .total_limit = 2};
   Acc acc{args.run.apply(options)};
-  const auto train_set = accelerate::data::load_fashion_mnist(args.data, /*train=*/true);
+  auto train_set = accelerate::data::load_fashion_mnist(args.data, /*train=*/true);
+  if (args.max_train_samples > 0 && args.max_train_samples < train_set.size().value()) {
+    const auto n = static_cast<std::int64_t>(args.max_train_samples);
+    train_set = accelerate::data::TensorDataset(train_set.inputs().narrow(0, 0, n), train_set.targets().narrow(0, 0, n));
+  }
   const auto test_set = accelerate::data::load_fashion_mnist(args.data, /*train=*/false);
 
   Classifier net;
