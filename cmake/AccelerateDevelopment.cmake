@@ -43,9 +43,13 @@ if(NOT benchmark_FOUND AND EXISTS "${ACCELERATE_THIRD_PARTY_DIR}/benchmark/CMake
 endif()
 target_link_libraries(accelerate_dev INTERFACE GTest::gtest benchmark::benchmark Threads::Threads)
 
+# The header is named, not given by path: CMake writes the path it is given into the generated
+# wrapper, and an absolute path of this checkout there would give every other checkout (CI's
+# clone) a different precompiled header, so none of their objects could come from ccache.
+target_include_directories(accelerate_dev INTERFACE ${PROJECT_SOURCE_DIR}/tests)
 add_library(accelerate_pch OBJECT ${PROJECT_SOURCE_DIR}/tests/support/pch_anchor.cpp)
 target_link_libraries(accelerate_pch PRIVATE accelerate_dev)
-target_precompile_headers(accelerate_pch PRIVATE ${PROJECT_SOURCE_DIR}/tests/pch.hpp)
+target_precompile_headers(accelerate_pch PRIVATE <pch.hpp>)
 
 # accelerate_use_pch(target): compile `target` with the shared precompiled header.
 function(accelerate_use_pch target)

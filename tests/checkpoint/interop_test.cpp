@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 
+#include "../support/build_paths.hpp"
 #include "../support/models.hpp"
 #include "../support/temp_dir.hpp"
 

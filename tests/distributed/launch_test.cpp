@@ -12,11 +12,8 @@
 #include <fstream>
 #include <thread>
 
+#include "../support/build_paths.hpp"
 #include "../support/temp_dir.hpp"
-
-#ifndef ACCELERATE_LAUNCH_PROBE
-#error "the build passes the path of launch_probe"
-#endif
 
 namespace {
 

@@ -16,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "../support/build_paths.hpp"
 #include "../support/models.hpp"
 #include "../support/multiprocess.hpp"
 #include "../support/temp_dir.hpp"

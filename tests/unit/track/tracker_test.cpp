@@ -6,6 +6,7 @@
 
 #include <fstream>
 
+#include "../../support/build_paths.hpp"
 #include "../../support/temp_dir.hpp"
 
 namespace {
