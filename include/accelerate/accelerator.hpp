@@ -413,16 +413,18 @@ class Accelerator {
   double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
                          double norm_type = 2.0) {
     if (!sync_gradients()) return 0.0;
-    ctx_.precision.unscale_owners(params, "clip_grad_norm_");
-    return distributed::clip_grad_norm(ctx_.engine, params, max_norm, norm_type);
+    const auto holders = distributed::gradient_holders(ctx_.engine, params);  // a sharded rank's slices
+    ctx_.precision.unscale_owners(holders, "clip_grad_norm_");
+    return distributed::clip_grad_norm(ctx_.engine, holders, max_norm, norm_type);
   }
 
   /// Clamps every gradient element of `params` to [-value, value] (after unscaling, Fp16);
   /// a no-op off an accumulation boundary, as clip_grad_norm_.
   void clip_grad_value_(const std::vector<at::Tensor>& params, double value) {
     if (!sync_gradients()) return;
-    ctx_.precision.unscale_owners(params, "clip_grad_value_");
-    torch::nn::utils::clip_grad_value_(params, value);
+    const auto holders = distributed::gradient_holders(ctx_.engine, params);  // a sharded rank's slices
+    ctx_.precision.unscale_owners(holders, "clip_grad_value_");
+    torch::nn::utils::clip_grad_value_(holders, value);
   }
 
   // ---------------------------------------------------------------------------------------
@@ -685,14 +687,17 @@ class Accelerator {
   auto prepare_optimizer(O&& optimizer) {
     auto held = detail::hold(std::forward<O>(optimizer));
     using Optimizer = typename decltype(held)::element_type;
+    distributed::adopt_optimizer(ctx_.engine, *held);  // a sharded engine keeps this rank's shard
     PreparedOptimizer<Optimizer, Accelerator> prepared(held, &ctx_, ctx_.precision.add_optimizer(*held));
     // Built-in optimizers are checked in full before load_state changes anything, so they
     // need no snapshot (a copy of every moment) to be undone.
     std::function<void(const StateDict&)> check;
     if constexpr (!Stateful<Optimizer>)
       check = [held](const StateDict& s) { checkpoint::check_optimizer_state_dict(*held, s); };
-    ctx_.core.checkpoint.add(checkpoint::Entry::Kind::optimizer, checkpoint::EntryOwner::main_rank, prepared,
-                         std::move(check));
+    ctx_.core.checkpoint.add(distributed::optimizer_entry(
+        ctx_.engine, *held,
+        checkpoint::Registry::entry(checkpoint::Entry::Kind::optimizer, checkpoint::EntryOwner::main_rank, prepared,
+                                    std::move(check))));
     return prepared;
   }
 

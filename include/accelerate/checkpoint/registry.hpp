@@ -61,9 +61,15 @@ class Registry {
   /// object in std::ref to refer to it).
   template <class Handle>
   void add(Entry::Kind kind, EntryOwner owner, Handle handle, std::function<void(const StateDict&)> check = {}) {
+    add(entry(kind, owner, std::move(handle), std::move(check)));
+  }
+
+  /// The entry add(kind, owner, handle, check) would add, for a caller that adapts it first.
+  template <class Handle>
+  static Entry entry(Entry::Kind kind, EntryOwner owner, Handle handle, std::function<void(const StateDict&)> check = {}) {
     auto shared = std::make_shared<Handle>(std::move(handle));
-    add({kind, owner, [shared] { return object(*shared).state_dict(); },
-         [shared](const StateDict& s) { object(*shared).load_state_dict(s); }, std::move(check)});
+    return {kind, owner, [shared] { return object(*shared).state_dict(); },
+            [shared](const StateDict& s) { object(*shared).load_state_dict(s); }, std::move(check)};
   }
 
   /// Adds an entry made by hand.

@@ -20,6 +20,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <accelerate/checkpoint/module_state.hpp>
+#include <accelerate/checkpoint/registry.hpp>
 #include <accelerate/distributed/reduction.hpp>
 #include <accelerate/distributed/stats.hpp>
 #include <accelerate/options.hpp>
@@ -80,6 +81,33 @@ concept BackendEngine =
 // An engine overrides one by declaring the member of the same name; otherwise the default,
 // replicated data parallel's behaviour, applies.
 
+/// Called once when an optimizer is prepared, before anything else reads its parameters.
+/// Default: nothing, the optimizer steps every parameter. A sharded engine narrows the param
+/// groups to the shard this rank owns, so the optimizer's state only ever holds that shard.
+template <class E>
+void adopt_optimizer(E& engine, torch::optim::Optimizer& optimizer) {
+  if constexpr (requires { engine.adopt_optimizer(optimizer); }) engine.adopt_optimizer(optimizer);
+}
+
+/// The checkpoint entry of a prepared optimizer, given the replicated one (`entry`: written by
+/// the main rank). Default: that entry. A sharded engine makes it each rank's own (one file
+/// per rank) and records which slice of which parameter each state tensor is.
+template <class E>
+checkpoint::Entry optimizer_entry(E& engine, const torch::optim::Optimizer& optimizer, checkpoint::Entry entry) {
+  if constexpr (requires { engine.optimizer_entry(optimizer, entry); })
+    return engine.optimizer_entry(optimizer, std::move(entry));
+  else return entry;
+}
+
+/// Makes the inf/NaN flag of an fp16 step (`found_inf`, one element) the same on every rank
+/// before the step is taken or skipped. Default: nothing, gradients are replicated so every
+/// rank found the same. A sharded engine, whose ranks each checked their own shard, reduces
+/// it (max) so all ranks skip together.
+template <class E>
+void agree_on_found_inf(E& engine, at::Tensor& found_inf) {
+  if constexpr (requires { engine.agree_on_found_inf(found_inf); }) engine.agree_on_found_inf(found_inf);
+}
+
 /// Runs a prepared optimizer's step once gradients are final (after unscaling and clipping).
 /// Default: every rank steps its whole optimizer on its (all-reduced, identical) gradients.
 /// A sharded engine steps only the shard it owns and then gathers the parameters.
@@ -94,6 +122,16 @@ void step_optimizer(E& engine, Optimizer& optimizer) {
 template <class E>
 inline constexpr bool customises_step_optimizer =
     requires(E& engine, torch::optim::Optimizer& optimizer) { engine.step_optimizer(optimizer); };
+
+/// The tensors whose .grad hold this rank's gradients of `params`, for code that reads or
+/// changes gradients by parameter (a user's clip_grad_norm_/clip_grad_value_, unscaling
+/// before it). Default: the parameters themselves. A sharded engine, whose ranks keep only the
+/// gradients of their slices, returns the slices of `params` this rank owns.
+template <class E>
+std::vector<at::Tensor> gradient_holders(E& engine, const std::vector<at::Tensor>& params) {
+  if constexpr (requires { engine.gradient_holders(params); }) return engine.gradient_holders(params);
+  else return params;
+}
 
 /// Clips the gradients of `params` to a global `norm_type`-norm of at most `max_norm` and
 /// returns the norm before clipping. Default: gradients are replicated, so the local norm is

@@ -74,13 +74,15 @@ struct Context {
   Context& operator=(const Context&) = delete;
 
   /// The optimizer step's ordering contract, the same for every combination of policies:
-  /// nothing off an accumulation boundary; then the true (unscaled) gradients, once; then
+  /// nothing off an accumulation boundary; then the true (unscaled) gradients, once, and every
+  /// rank agreeing on whether they hold an inf/NaN; then
   /// clipping, on synchronised unscaled gradients; then the step itself, run by the engine
   /// (a sharded engine steps its shard) unless the Precision policy skips it (inf/NaN).
   template <class Optimizer>
   void optimizer_step(Optimizer& optimizer, optimizer_slot& slot) {
     if (!accumulation.sync()) return;
     precision.unscale(slot);
+    precision.agree_on_skip(slot, [this](at::Tensor& found_inf) { distributed::agree_on_found_inf(engine, found_inf); });
     clip.apply(engine, optimizer, core.options.clip);
     precision.step(slot, [&] { distributed::step_optimizer(engine, optimizer); });
   }

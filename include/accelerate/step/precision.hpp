@@ -45,6 +45,7 @@ void check_autocast_supported(const c10::Device& device) {
 ///   scale(loss);                      // what backward() backpropagates
 ///   OptimizerSlot add_optimizer(opt); // what a prepared optimizer keeps
 ///   unscale(slot); unscale_owners(params, caller);   // true gradients, once per step
+///   agree_on_skip(slot, agree);       // hands its inf/NaN flag to the engine, if it has one
 ///   step(slot, run_step);             // runs (or skips) the optimizer step
 ///   skipped(slot); step_skipped(); loss_scale(); register_state(registry);
 /// Example:
@@ -62,6 +63,8 @@ class PrecisionStep {
   static OptimizerSlot add_optimizer(const torch::optim::Optimizer&) noexcept { return {}; }
   static void unscale(OptimizerSlot&) noexcept {}
   static void unscale_owners(const std::vector<at::Tensor>&, const char*) noexcept {}
+  template <class Agree>
+  static void agree_on_skip(OptimizerSlot&, Agree&&) noexcept {}
   template <class RunStep>
   static void step(OptimizerSlot&, RunStep&& run_step) {
     run_step();
@@ -117,9 +120,17 @@ class LossScalingStep {
     }
   }
 
+  /// Hands the step's inf/NaN flag to `agree` (the engine's agree_on_found_inf), so ranks
+  /// that each checked only their gradient shard skip together.
+  template <class Agree>
+  void agree_on_skip(OptimizerSlot& slot, Agree&& agree) {
+    agree(slot->found_inf);
+  }
+
   template <class RunStep>
   void step(OptimizerSlot& slot, RunStep&& run_step) {
-    // Gradients are synchronised before this point, so every rank sees the same inf/NaN.
+    // Every rank sees the same inf/NaN: gradients are synchronised before this point, and a
+    // sharded engine's ranks agreed on it (agree_on_skip).
     const bool skip = slot->found_inf.template item<float>() > 0;
     if (!skip) run_step();
     slot->skipped = skip;
