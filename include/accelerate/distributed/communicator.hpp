@@ -98,6 +98,26 @@ class Communicator {
     return output;
   }
 
+  /// Starts a sum reduce-scatter of `input` (its length divisible by the world size) into
+  /// `output` (1/world_size of it: rank r receives slice r) and returns its work handle (for
+  /// sharded gradient buckets). Counted under reduce_scatter with its input bytes.
+  compat::WorkPtr reduce_scatter_async(at::Tensor& input, at::Tensor& output) {
+    agree(CollectiveOp::reduce_scatter, &input, static_cast<std::int64_t>(Reduction::sum));
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    auto work = backend_->_reduce_scatter_base(output, input, options);
+    count(stats_.reduce_scatter, input);
+    return work;
+  }
+
+  /// Every rank's `input` (the same length everywhere) into `output`, in rank order, as one
+  /// flat all-gather (sharded parameters made whole). `what` names it in errors.
+  void all_gather_into(at::Tensor& output, at::Tensor& input, const char* what) {
+    agree(CollectiveOp::all_gather, &input, 0);
+    wait(backend_->_allgather_base(output, input), what);
+    count(stats_.allgather, input);
+  }
+
   void barrier() {
     agree(CollectiveOp::barrier, nullptr, 0);
     wait(backend_->barrier(), "barrier");

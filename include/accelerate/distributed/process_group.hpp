@@ -71,6 +71,8 @@ class ReducerHandle {
   }
   bool sync_enabled() const noexcept { return !reducer_ || reducer_->sync_enabled(); }
   GradientReducer* reducer() const noexcept { return reducer_.get(); }
+  /// The reducer, shared (a sharded engine keeps its models' reducers).
+  const std::shared_ptr<GradientReducer>& shared_reducer() const noexcept { return reducer_; }
   /// Buffers broadcast before each forward (empty without broadcast_buffers).
   const std::vector<at::Tensor>& broadcast_buffers() const noexcept { return buffers_; }
   /// Whether expect_gradients_from is wanted (find_unused_parameters).
@@ -195,6 +197,13 @@ class ProcessGroupEngine {
   /// buffers), and builds its reducer.
   ReducerHandle make_model_sync(torch::nn::Module& module, const std::string& name,
                                 const AcceleratorOptions& options) {
+    return make_model_sync(module, name, options, Sharding::none);
+  }
+
+ protected:
+  /// make_model_sync with the reducer's sharding (sharded engines).
+  ReducerHandle make_model_sync(torch::nn::Module& module, const std::string& name,
+                                const AcceleratorOptions& options, Sharding sharding) {
     if (!comm_) return {};
     check_same_model(module, name);
     broadcast_state(module, options.ddp.broadcast_buffers);
@@ -203,7 +212,7 @@ class ProcessGroupEngine {
     auto reducer = std::make_shared<GradientReducer>(
         std::move(params), comm_,
         ReducerOptions{options.ddp.bucket_cap_bytes, options.ddp.first_bucket_cap_bytes,
-                       options.ddp.find_unused_parameters});
+                       options.ddp.find_unused_parameters, sharding});
     reducer->install_hooks();
     std::vector<at::Tensor> buffers;
     if (options.ddp.broadcast_buffers)

@@ -30,11 +30,45 @@
 
 namespace accelerate::distributed {
 
-/// Bucket sizes and unused-parameter handling (from AcceleratorOptions).
+/// What a reducer leaves on each rank once a backward pass is synchronised.
+enum class Sharding {
+  /// Data parallel: every parameter's .grad holds the average (PyTorch DDP).
+  none,
+  /// ZeRO stage 1: buckets are all-reduced as with `none`, then each rank keeps only the
+  /// gradients of its shard, on its shard pieces (shard_pieces()); the parameters' .grad are
+  /// released.
+  optimizer_state,
+  /// ZeRO stage 2: buckets are reduce-scattered, so each rank receives only its shard's
+  /// average; each parameter's .grad is released as soon as it is copied into its bucket, and
+  /// a bucket's full buffer lives only while its reduce-scatter runs.
+  gradients,
+};
+
+/// Bucket sizes and unused-parameter handling (from AcceleratorOptions), and the sharding.
 struct ReducerOptions {
   std::size_t bucket_cap_bytes = std::size_t{4} << 20;
   std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
   bool find_unused_parameters = false;
+  Sharding sharding = Sharding::none;
+};
+
+/// `length` elements of the contiguous `base` from element `offset`, sharing its storage but
+/// not an autograd view of it: gradients handed to an optimizer must be, since LibTorch's
+/// Optimizer::zero_grad detaches them in place, which autograd refuses for views.
+inline at::Tensor storage_alias(const at::Tensor& base, int64_t offset, int64_t length) {
+  at::Tensor alias = at::empty({0}, base.options());
+  alias.set_(base.storage(), base.storage_offset() + offset, {length}, {1});
+  return alias;
+}
+
+/// Where one parameter meets this rank's shard of its bucket: `length` elements from element
+/// `begin` of the flattened parameter, at `shard_offset` in the bucket's shard.
+struct ShardPiece {
+  std::size_t param;    // index in the reducer's parameters()
+  std::size_t bucket;   // index in bucket_layout()
+  int64_t begin;
+  int64_t length;
+  int64_t shard_offset;
 };
 
 /// Averages the gradients of a model's parameters across ranks. Buckets are filled in reverse
@@ -49,6 +83,13 @@ struct ReducerOptions {
 /// of the parameters that really received a gradient: one unused on every rank keeps its
 /// .grad untouched (undefined stays undefined, so momentum and weight decay leave it alone);
 /// one used anywhere gets the average, the unused ranks contributing zeros.
+///
+/// Sharded (ReducerOptions::sharding), as ZeRO and Megatron's distributed optimizer: each
+/// bucket's flattened parameters are padded to a multiple of the world size and rank r owns
+/// the r-th contiguous slice of every bucket, so a bucket's reduce-scatter hands each rank
+/// exactly its slice. A parameter meets a rank's slice in at most one ShardPiece; the
+/// piece's tensor (shard_piece_tensors()) is a 1-D view of the parameter's own storage, which
+/// an optimizer steps in place before gather_parameters() all-gathers the bucket.
 class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
  public:
   GradientReducer(std::vector<std::pair<std::string, at::Tensor>> named_params,
@@ -56,10 +97,14 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       : comm_(std::move(comm)), options_(options) {
     for (auto& [name, p] : named_params) {
       if (!p.requires_grad()) continue;
+      if (sharded())
+        ACCELERATE_CHECK(p.is_contiguous(), "sharded gradient sync: parameter '", name,
+                         "' is not contiguous, so its shard cannot be a view of it");
       names_.push_back(name);
       params_.push_back(p);
     }
     build_buckets();
+    if (sharded()) build_shard_pieces();
   }
 
   /// Registers the hooks; call once, after the reducer is owned by a shared_ptr.
@@ -114,18 +159,58 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     return out;
   }
   std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  /// The bucket of parameter `index` (an index in parameters()).
+  std::size_t bucket_of(std::size_t index) const { return bucket_of_.at(index); }
   /// Buckets launched while some gradient of the same backward pass was still to come: the
   /// communication that overlapped computation, counted over the reducer's life.
   std::size_t overlapped_launches() const noexcept { return overlapped_launches_; }
+
+  /// The parameters it synchronises (those requiring gradients) and their names.
+  const std::vector<at::Tensor>& parameters() const noexcept { return params_; }
+  const std::vector<std::string>& names() const noexcept { return names_; }
+
+  /// Sharded: where this rank's slices meet the parameters, and the 1-D views of the
+  /// parameters' storage they are (same order). After a synchronised backward each view's
+  /// .grad holds its slice of the averaged gradient (undefined when the parameter received
+  /// none on any rank).
+  const std::vector<ShardPiece>& shard_pieces() const noexcept { return pieces_; }
+  const std::vector<at::Tensor>& shard_piece_tensors() const noexcept { return piece_tensors_; }
+  /// Sharded: elements of bucket `bucket` per rank (its padded length / world size).
+  int64_t shard_length(std::size_t bucket) const { return buckets_.at(bucket).padded / comm_->world_size(); }
+
+  /// Sharded: after this rank stepped its pieces of bucket `bucket`, every rank's slice to
+  /// every rank (one all-gather), so the bucket's parameters are whole and equal everywhere.
+  /// Collective: every rank calls it for the same buckets in the same order.
+  void gather_parameters(std::size_t bucket_index) {
+    torch::NoGradGuard no_grad;
+    const Bucket& bucket = buckets_.at(bucket_index);
+    const int64_t length = bucket.padded / comm_->world_size();
+    at::Tensor mine = at::zeros({length}, params_[bucket.params.front()].options().requires_grad(false));
+    for (std::size_t k = 0; k < pieces_.size(); ++k)
+      if (pieces_[k].bucket == bucket_index)
+        mine.narrow(0, pieces_[k].shard_offset, pieces_[k].length).copy_(piece_tensors_[k]);
+    at::Tensor whole = at::empty({bucket.padded}, mine.options());
+    comm_->all_gather_into(whole, mine, "parameter all_gather");
+    for (std::size_t j = 0; j < bucket.params.size(); ++j) {
+      at::Tensor param = params_[bucket.params[j]].detach();
+      param.view(-1).copy_(whole.narrow(0, bucket.offsets[j], param.numel()));
+    }
+  }
 
  private:
   struct Bucket {
     std::vector<std::size_t> params;
     std::vector<int64_t> offsets;  // element offset of each parameter in `flat`
-    at::Tensor flat;
+    at::Tensor flat;               // sharding::gradients: allocated for one round only
+    int64_t padded = 0;            // elements, rounded up to a multiple of the world size
+    at::Tensor shard;              // sharding::gradients: this rank's averaged slice
+    at::TensorOptions options;
     std::size_t pending = 0;
     compat::WorkPtr work;
   };
+
+  bool sharded() const noexcept { return options_.sharding != Sharding::none; }
+  bool scatters() const noexcept { return options_.sharding == Sharding::gradients; }
 
   // Called by autograd after a parameter's gradient was accumulated into .grad.
   class ReadyHook : public torch::autograd::FunctionPostHook {
@@ -170,14 +255,36 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       const std::size_t cap = it->second == 0 ? options_.first_bucket_cap_bytes : options_.bucket_cap_bytes;
       if (bucket_bytes[it->second] >= cap) open.erase(it);  // full: the next one opens anew
     }
+    const int64_t world = comm_->world_size();
     for (auto& bucket : buckets_) {
       const auto& last = params_[bucket.params.back()];
       const int64_t total = bucket.offsets.back() + last.numel();
-      bucket.flat = at::zeros({total}, last.options().requires_grad(false));
+      bucket.options = last.options().requires_grad(false);
+      bucket.padded = sharded() ? (total + world - 1) / world * world : total;
+      if (scatters()) bucket.shard = at::zeros({bucket.padded / world}, bucket.options);
+      else bucket.flat = at::zeros({total}, bucket.options);
       bucket.pending = bucket.params.size();
     }
     ready_.assign(params_.size(), false);
     used_.assign(params_.size(), false);
+  }
+
+  // Each parameter's intersection with this rank's slice of its bucket.
+  void build_shard_pieces() {
+    const int64_t rank = comm_->rank();
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      const Bucket& bucket = buckets_[b];
+      const int64_t length = bucket.padded / comm_->world_size();
+      const int64_t first = rank * length, last = first + length;
+      for (std::size_t j = 0; j < bucket.params.size(); ++j) {
+        const std::size_t index = bucket.params[j];
+        const int64_t begin = std::max(first, bucket.offsets[j]);
+        const int64_t end = std::min(last, bucket.offsets[j] + params_[index].numel());
+        if (begin >= end) continue;
+        pieces_.push_back({index, b, begin - bucket.offsets[j], end - begin, begin - first});
+        piece_tensors_.push_back(params_[index].detach().view(-1).narrow(0, begin - bucket.offsets[j], end - begin));
+      }
+    }
   }
 
   void on_ready(std::size_t index) {
@@ -209,10 +316,13 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     used_[index] = used;
     ++ready_count_;
     Bucket& bucket = buckets_[bucket_of_[index]];
+    if (!bucket.flat.defined()) bucket.flat = at::zeros({bucket.padded}, bucket.options);  // sharded gradients
     const at::Tensor& grad = params_[index].grad();
     at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[position_of_[index]], params_[index].numel());
     if (used && grad.defined()) slot.copy_(grad.reshape(-1));
     else slot.zero_();
+    // Sharded gradients: the bucket holds this gradient now; only the shard will be kept.
+    if (scatters()) params_[index].mutable_grad().reset();
     if (--bucket.pending == 0) launch_ready_buckets();
   }
 
@@ -220,7 +330,8 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
       Bucket& bucket = buckets_[next_bucket_++];
       if (ready_count_ < params_.size()) ++overlapped_launches_;
-      bucket.work = comm_->all_reduce_async(bucket.flat);
+      bucket.work = scatters() ? comm_->reduce_scatter_async(bucket.flat, bucket.shard)
+                               : comm_->all_reduce_async(bucket.flat);
     }
   }
 
@@ -268,6 +379,21 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     }
     const int* used_flags = used_anywhere.defined() ? used_anywhere.data_ptr<int>() : nullptr;
     torch::NoGradGuard no_grad;
+    if (scatters()) {
+      for (auto& bucket : buckets_) {
+        comm_->wait(bucket.work, "gradient reduce_scatter");
+        bucket.shard.div_(comm_->world_size());
+        bucket.flat.reset();  // the full buffer lives for one round only
+      }
+      for (std::size_t k = 0; k < pieces_.size(); ++k) {
+        at::Tensor& grad = piece_tensors_[k].mutable_grad();
+        if (used_flags && used_flags[pieces_[k].param] == 0) grad.reset();  // unused everywhere
+        else grad = storage_alias(buckets_[pieces_[k].bucket].shard, pieces_[k].shard_offset, pieces_[k].length);
+      }
+      comm_->count_grad_sync_round();
+      reset_round();
+      return;
+    }
     for (auto& bucket : buckets_) {
       comm_->wait(bucket.work, "gradient all_reduce");
       bucket.flat.div_(comm_->world_size());
@@ -281,6 +407,17 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
         if (grad.defined()) grad.copy_(averaged);
         else grad = averaged.clone();
       }
+    }
+    if (sharded()) {
+      // Sharded optimizer state: each rank keeps only its slices (views of the averages) and
+      // releases the parameters' .grad, so the next window accumulates from zero.
+      for (std::size_t k = 0; k < pieces_.size(); ++k) {
+        const at::Tensor& full = params_[pieces_[k].param].grad();
+        at::Tensor& grad = piece_tensors_[k].mutable_grad();
+        if (full.defined()) grad = storage_alias(full.contiguous(), pieces_[k].begin, pieces_[k].length);
+        else grad.reset();
+      }
+      for (auto& param : params_) param.mutable_grad().reset();
     }
     comm_->count_grad_sync_round();
     reset_round();
@@ -305,6 +442,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     for (auto& bucket : buckets_) {
       bucket.pending = bucket.params.size();
       bucket.work.reset();
+      if (scatters()) bucket.flat.reset();
     }
   }
 
@@ -320,6 +458,8 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::vector<bool> unreachable_;  // predicted unused by the last forward; empty: no prediction
   std::vector<std::string> late_;  // predicted unused, yet a gradient came
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
+  std::vector<ShardPiece> pieces_;          // sharded: this rank's slices
+  std::vector<at::Tensor> piece_tensors_;   // sharded: views of the parameters' storage
   std::size_t next_bucket_ = 0;
   std::size_t ready_count_ = 0;
   std::size_t overlapped_launches_ = 0;
