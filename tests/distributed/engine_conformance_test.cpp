@@ -6,10 +6,12 @@
 //   LocalEngine         in-process, world size 1
 //   ThreadEngine        the fake engine of tests/support, 3 threads of this process
 //   Gloo engine         3 real processes (TCPStore and ProcessGroupGloo on 127.0.0.1)
+//   Zero stage 1 and 2  the sharded engines over Gloo, 3 real processes
 // (NCCL's engine runs the same cases on a GPU machine: tests/gpu.)
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <stdexcept>
@@ -24,6 +26,7 @@
 #include <accelerate/distributed/collectives.hpp>
 #include <accelerate/distributed/engine.hpp>
 #include <accelerate/distributed/local_engine.hpp>
+#include <accelerate/distributed/sharded.hpp>
 
 #include "../support/multiprocess.hpp"
 #include "../support/temp_dir.hpp"
@@ -241,18 +244,29 @@ struct ThreadHarness {
 };
 
 using GlooEngine = dist::ProcessGroupEngine<dist::GlooFactory>;
+using Zero1Engine = dist::ShardedEngine<dist::GlooFactory, 1>;
+using Zero2Engine = dist::ShardedEngine<dist::GlooFactory, 2>;
 
-struct GlooHarness {
+// An engine over real processes: each case is a job of 3 ranks; `kind` tells the worker which
+// engine to build.
+template <class Engine>
+struct ProcessHarness {
   template <class Case>
   static void run(const std::string& name, Case&&) {
-    const auto job = accelerate::testing::run_job("conformance_" + name, {.world_size = 3});
+    const auto job = accelerate::testing::run_job("conformance_" + name, {.world_size = 3, .args = {kind()}});
     EXPECT_EQ(job.exit_code, 0) << job.logs();
   }
+  static std::string kind() {
+    if constexpr (std::is_same_v<Engine, Zero1Engine>) return "zero1";
+    else if constexpr (std::is_same_v<Engine, Zero2Engine>) return "zero2";
+    else return "gloo";
+  }
 };
+using GlooHarness = ProcessHarness<GlooEngine>;
 
-template <class Case>
-int run_gloo_case(Case&& body) {
-  GlooEngine engine(AcceleratorOptions{.process_group = {.timeout = std::chrono::seconds(30)}}, "conformance");
+template <class Engine, class Case>
+int run_process_case(Case&& body) {
+  Engine engine(AcceleratorOptions{.process_group = {.timeout = std::chrono::seconds(30)}}, "conformance");
   try {
     body(engine);
     return 0;
@@ -262,9 +276,18 @@ int run_gloo_case(Case&& body) {
   }
 }
 
+template <class Case>
+int run_engine_case(Case&& body) {
+  const char* args = std::getenv("ACCELERATE_TEST_ARGS");
+  const std::string kind = args ? args : "gloo";
+  if (kind == ProcessHarness<Zero1Engine>::kind()) return run_process_case<Zero1Engine>(body);
+  if (kind == ProcessHarness<Zero2Engine>::kind()) return run_process_case<Zero2Engine>(body);
+  return run_process_case<GlooEngine>(body);
+}
+
 #define ACCELERATE_CONFORMANCE_WORKER(Test, function) \
   ACCELERATE_WORKER(conformance_##function) {         \
-    return run_gloo_case([](auto& engine) { function(engine); }); \
+    return run_engine_case([](auto& engine) { function(engine); }); \
   }
 ACCELERATE_CONFORMANCE_CASES(ACCELERATE_CONFORMANCE_WORKER)
 
@@ -272,14 +295,16 @@ template <class Harness>
 class BackendConformance : public ::testing::Test {};
 
 // A new engine: its harness here.
-using Harnesses = ::testing::Types<LocalHarness, ThreadHarness, GlooHarness>;
+using Harnesses = ::testing::Types<LocalHarness, ThreadHarness, GlooHarness, ProcessHarness<Zero1Engine>,
+                                   ProcessHarness<Zero2Engine>>;
 
 struct HarnessNames {
   template <class T>
   static std::string GetName(int) {
     if constexpr (std::is_same_v<T, LocalHarness>) return "LocalEngine";
     else if constexpr (std::is_same_v<T, ThreadHarness>) return "ThreadEngine";
-    else return "GlooEngine";
+    else if constexpr (std::is_same_v<T, GlooHarness>) return "GlooEngine";
+    else return T::kind() == "zero1" ? "Zero1GlooEngine" : "Zero2GlooEngine";
   }
 };
 TYPED_TEST_SUITE(BackendConformance, Harnesses, HarnessNames);
@@ -292,6 +317,7 @@ ACCELERATE_CONFORMANCE_CASES(ACCELERATE_CONFORMANCE_TEST)
 
 static_assert(dist::BackendEngine<dist::LocalEngine>);
 static_assert(dist::BackendEngine<GlooEngine>);
+static_assert(dist::BackendEngine<Zero1Engine> && dist::BackendEngine<Zero2Engine>);
 static_assert(dist::BackendEngine<ThreadEngine>);
 
 // --- the Accelerator over a fake engine ---------------------------------------------------------

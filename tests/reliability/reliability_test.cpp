@@ -145,14 +145,16 @@ TEST(RankFailure, TheLauncherNamesAStoppedRankAsTheCause) {
 
 // Without a supervisor (several hosts, or a launcher that does not stop the rest), the
 // survivors notice by themselves within the timeout and name the rank that stopped.
-void expect_survivors_name(int dead_rank, const std::string& expected) {
+void expect_survivors_name(int dead_rank, const std::string& expected, std::vector<std::string> extra = {}) {
   TempDir dir;
   const std::string port = std::to_string(accelerate::detail::free_port());
   std::vector<Process> ranks;
   const auto start = Clock::now();
+  std::vector<std::string> args{"--out", dir.path().string(), "--timeout", "10", "--steps", "400", "--step-ms", "10",
+                                "--die-rank", std::to_string(dead_rank), "--die-step", "5"};
+  args.insert(args.end(), extra.begin(), extra.end());
   for (int r = 0; r < 3; ++r) {
-    ranks.push_back(spawn(trainer({"--out", dir.path().string(), "--timeout", "10", "--steps", "400", "--step-ms", "10",
-                                   "--die-rank", std::to_string(dead_rank), "--die-step", "5"}),
+    ranks.push_back(spawn(trainer(args),
                           {{"RANK", std::to_string(r)}, {"WORLD_SIZE", "3"}, {"LOCAL_RANK", std::to_string(r)},
                            {"LOCAL_WORLD_SIZE", "3"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port},
                            {"OMP_NUM_THREADS", "1"}},
@@ -178,6 +180,16 @@ TEST(RankFailure, SurvivorsWithoutALauncherNameTheRankThatDied) {
 
 TEST(RankFailure, SurvivorsNameTheStoreHostWhenRankZeroDies) {
   expect_survivors_name(0, "rank 0's rendezvous store at 127.0.0.1:");
+}
+
+// Sharded: the survivors are inside a gradient reduce-scatter (stage 2, the rank died before
+// its backward) or a parameter all-gather (stage 1, it died before its optimizer step).
+TEST(RankFailure, ShardedSurvivorsNameTheRankThatDiedInsideAReduceScatter) {
+  expect_survivors_name(1, "gradient reduce_scatter failed on rank", {"--zero", "2"});
+}
+
+TEST(RankFailure, ShardedSurvivorsNameTheRankThatDiedInsideAnAllGather) {
+  expect_survivors_name(1, "parameter all_gather failed on rank", {"--zero", "1", "--die-before", "step"});
 }
 
 // --- crash during save -----------------------------------------------------------------------
@@ -469,7 +481,7 @@ class TwoHosts : public ::testing::Test {
   }
 };
 
-TEST_F(TwoHosts, TrainLikeTwoLocalProcessesAndFailClearlyWhenTheLinkDrops) {
+TEST_F(TwoHosts, TrainLikeTwoLocalProcessesAndFailClearlyWhenTheLinkDrops) {  // data parallel and ZeRO 2
   TempDir dir;
   const auto local = spawn(trainer({"--nproc", "2", "--steps", "20", "--out", (dir / "local").string()}), {},
                            dir / "local.log");
@@ -480,6 +492,17 @@ TEST_F(TwoHosts, TrainLikeTwoLocalProcessesAndFailClearlyWhenTheLinkDrops) {
   ASSERT_EQ(wait_for(b, 120s), 0) << read_file(b.log);
   EXPECT_TRUE(read_file(dir / "hosts" / "model" / "model.safetensors") ==
               read_file(dir / "local" / "model" / "model.safetensors"));
+
+  // Sharded (ZeRO stage 2) across the two hosts ends where it does on one host, byte for byte.
+  const auto zero_local = spawn(trainer({"--nproc", "2", "--steps", "20", "--zero", "2", "--out", (dir / "zero_local").string()}),
+                                {}, dir / "zero_local.log");
+  ASSERT_EQ(wait_for(zero_local, 120s), 0) << read_file(zero_local.log);
+  auto za = node(0, {"--steps", "20", "--zero", "2", "--out", (dir / "zero_hosts").string()}, dir / "za.log");
+  auto zb = node(1, {"--steps", "20", "--zero", "2", "--out", (dir / "zero_hosts_b").string()}, dir / "zb.log");
+  ASSERT_EQ(wait_for(za, 120s), 0) << read_file(za.log);
+  ASSERT_EQ(wait_for(zb, 120s), 0) << read_file(zb.log);
+  EXPECT_TRUE(read_file(dir / "zero_hosts" / "model" / "model.safetensors") ==
+              read_file(dir / "zero_local" / "model" / "model.safetensors"));
 
   // The link goes down mid-training: both sides stop within the timeout, with a clear error.
   auto a2 = node(0, {"--steps", "100000", "--step-ms", "5", "--timeout", "10", "--out", (dir / "down").string()},

@@ -2,11 +2,13 @@
 // through accelerate::launch, so it can be one node of a multi-node job too.
 //
 //   trainer --out DIR [--steps N] [--timeout S] [--step-ms MS]
-//           [--die-rank R --die-step S --die-how kill|abort]
+//           [--die-rank R --die-step S --die-how kill|abort --die-before backward|step]
+//           [--zero 1|2]   (sharded data parallel, Zero<Gloo, N>, instead of Gloo)
 //           [--project DIR --checkpoint-every K] [--preemptible]
 // Writes DIR/model/model.safetensors (rank 0) when it completes all steps, and
 // DIR/preempted when it stopped for a preemption signal after saving its state.
 #include <accelerate/accelerate.hpp>
+#include <accelerate/distributed/sharded.hpp>
 
 #include <torch/torch.h>
 
@@ -44,17 +46,27 @@ struct Args {
   int step_ms = 0;
   int die_rank = -1, die_step = -1;
   std::string die_how = "kill";
+  std::string die_before = "backward";  // or "step": after backward, before the optimizer step
+  int zero = 0;
   std::string project;
   int checkpoint_every = 0;
   bool preemptible = false;
 };
 
+void die(const Args& a) {
+  std::cerr << "trainer: rank " << a.die_rank << " dies (" << a.die_how << ") at step " << a.die_step << " before "
+            << a.die_before << std::endl;
+  if (a.die_how == "abort") std::abort();
+  std::raise(SIGKILL);
+}
+
+template <class Backend>
 int train(const Args& a) {
   using namespace std::chrono;
   accelerate::AcceleratorOptions options{.seed = 5, .process_group = {.timeout = seconds(a.timeout)}};
   if (!a.project.empty())
     options.project = {.project_dir = a.project, .automatic_checkpoint_naming = true, .total_limit = 3};
-  accelerate::Accelerator<accelerate::Gloo> acc{options};
+  accelerate::Accelerator<Backend> acc{options};
   std::optional<accelerate::PreemptionGuard> guard;
   if (a.preemptible) guard.emplace();
 
@@ -73,13 +85,11 @@ int train(const Args& a) {
 
   while (counters.optimizer_steps < a.steps) {
     for (auto& [bx, by] : loader) {
-      if (acc.process_index() == a.die_rank && counters.optimizer_steps == a.die_step) {
-        std::cerr << "trainer: rank " << a.die_rank << " dies (" << a.die_how << ") at step " << a.die_step << std::endl;
-        if (a.die_how == "abort") std::abort();
-        std::raise(SIGKILL);
-      }
+      const bool dies = acc.process_index() == a.die_rank && counters.optimizer_steps == a.die_step;
+      if (dies && a.die_before == "backward") die(a);
       opt.zero_grad();
       acc.backward(torch::mse_loss(model(bx), by));
+      if (dies) die(a);
       opt.step();
       ++counters.optimizer_steps;
       if (a.step_ms > 0) std::this_thread::sleep_for(milliseconds(a.step_ms));
@@ -114,6 +124,8 @@ int main(int argc, char** argv) {
       else if (flag == "--die-rank") a.die_rank = std::stoi(value());
       else if (flag == "--die-step") a.die_step = std::stoi(value());
       else if (flag == "--die-how") a.die_how = value();
+      else if (flag == "--die-before") a.die_before = value();
+      else if (flag == "--zero") a.zero = std::stoi(value());
       else if (flag == "--project") a.project = value();
       else if (flag == "--checkpoint-every") a.checkpoint_every = std::stoi(value());
       else if (flag == "--preemptible") a.preemptible = true;
@@ -124,7 +136,9 @@ int main(int argc, char** argv) {
     }
     try {
       std::filesystem::create_directories(a.out);
-      return train(a);
+      if (a.zero == 1) return train<accelerate::Zero<accelerate::Gloo, 1>>(a);
+      if (a.zero == 2) return train<accelerate::Zero<accelerate::Gloo, 2>>(a);
+      return train<accelerate::Gloo>(a);
     } catch (const std::exception& e) {
       std::cerr << "trainer: " << e.what() << std::endl;
       return 1;

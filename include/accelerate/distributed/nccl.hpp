@@ -1,5 +1,5 @@
-// The engine behind the Nccl policy: c10d's ProcessGroupNCCL on cuda:LOCAL_RANK, with the same
-// rendezvous, reducer, no_sync and collectives as Gloo. The only header that includes NCCL
+// The engines behind the Nccl and Zero<Nccl, N> policies: c10d's ProcessGroupNCCL on
+// cuda:LOCAL_RANK, with the same rendezvous, reducer, no_sync, collectives and sharding as Gloo. The only header that includes NCCL
 // (through ProcessGroupNCCL.hpp); the umbrella header leaves it out.
 #pragma once
 
@@ -12,6 +12,7 @@
 
 #include <accelerate/detail/check.hpp>
 #include <accelerate/distributed/process_group.hpp>
+#include <accelerate/distributed/sharded.hpp>
 
 #ifndef USE_C10D_NCCL
 #error "accelerate: this LibTorch was built without NCCL (USE_C10D_NCCL is not defined)"
@@ -55,6 +56,12 @@ namespace accelerate::detail {
 template <>
 struct backend_engine<Nccl> {
   using type = distributed::ProcessGroupEngine<distributed::NcclFactory>;
+  static_assert(distributed::BackendEngine<type>);
+};
+
+template <int Stage>
+struct backend_engine<Zero<Nccl, Stage>> {
+  using type = distributed::ShardedEngine<distributed::NcclFactory, Stage>;
   static_assert(distributed::BackendEngine<type>);
 };
 

@@ -1,10 +1,13 @@
 // The Backend slot: where the processes run and how they talk. Concept BackendPolicy and the
-// built-in policies SingleProcess, Gloo and Nccl (tags only: the engines live in distributed/).
+// built-in policies SingleProcess, Gloo, Nccl and the sharded Zero<Transport, Stage> (tags
+// only: the engines live in distributed/).
 //
 // Customization point: `detail::backend_engine<B>`, specialized next to each engine.
 #pragma once
 
+#include <array>
 #include <concepts>
+#include <cstddef>
 #include <string_view>
 #include <type_traits>
 
@@ -58,6 +61,58 @@ struct Nccl {
 
 namespace detail {
 
+/// "Zero<Gloo,2>": the spelling of a Zero policy's name, built at compile time.
+template <class Transport, int Stage>
+struct zero_spelling {
+  static constexpr std::string_view head = "Zero<";
+  static constexpr auto text = [] {
+    std::array<char, head.size() + Transport::name.size() + 3> out{};
+    std::size_t i = 0;
+    for (char c : head) out[i++] = c;
+    for (char c : Transport::name) out[i++] = c;
+    out[i++] = ',';
+    out[i++] = static_cast<char>('0' + Stage);
+    out[i++] = '>';
+    return out;
+  }();
+};
+
+}  // namespace detail
+
+/// Sharded data parallel, as ZeRO (and Python Accelerate's DeepSpeed / FSDP plugins), over
+/// `Transport`'s process group (Gloo or Nccl), chosen by stage:
+///   - Zero<T, 1>: optimizer state sharded. Gradients are averaged as with data parallel, then
+///     each rank keeps and steps only its 1/world_size of the parameters (each gradient bucket
+///     flattened, padded to divide evenly, rank r owning the r-th slice) and the updated
+///     slices are all-gathered. Adam in fp32 holds 4+4+8/W bytes per parameter.
+///   - Zero<T, 2>: gradients sharded too: each bucket is reduce-scattered from the autograd
+///     hooks while backward runs, so a rank keeps only its shard's gradients: 4+12/W bytes.
+/// The prepared optimizer's param groups hold this rank's slices (1-D views of the model's
+/// parameters); after a synchronised backward the gradients live there, not on the model's
+/// parameters. Element-wise optimizers only (SGD, Adam, AdamW, RMSprop, Adagrad). Every other
+/// policy, accumulation, clipping, checkpoints and save_model work as with Gloo/Nccl; see
+/// docs/sharding.md. Include <accelerate/distributed/sharded.hpp> (opt-in: the umbrella
+/// header leaves it out, as it does NCCL) or, for Nccl, <accelerate/distributed/nccl.hpp>.
+/// Example:
+///   accelerate::Accelerator<accelerate::Zero<accelerate::Gloo, 2>, accelerate::Fp32, accelerate::Accumulate<4>> acc;
+template <class Transport, int Stage>
+struct Zero {
+  static_assert(std::is_same_v<Transport, Gloo> || std::is_same_v<Transport, Nccl>,
+                "accelerate::Zero<Transport, Stage>: Transport is accelerate::Gloo or accelerate::Nccl");
+  static_assert(Stage == 1 || Stage == 2,
+                "accelerate::Zero<Transport, Stage>: stage 1 (optimizer state) and stage 2 (and "
+                "gradients) are implemented; stage 3 (parameters too) is not yet");
+  using transport = Transport;
+  static constexpr int stage = Stage;
+  static constexpr std::string_view name{detail::zero_spelling<Transport, Stage>::text.data(),
+                                         detail::zero_spelling<Transport, Stage>::text.size()};
+  static constexpr std::string_view distributed_type = Transport::distributed_type;
+  static constexpr bool is_distributed = true;
+  static constexpr bool requires_cuda = Transport::requires_cuda;
+};
+
+namespace detail {
+
 template <class B>
 inline constexpr bool always_false = false;
 
@@ -69,7 +124,8 @@ struct backend_engine {
   static_assert(always_false<B>,
                 "accelerate: this Backend policy's engine is not included. For accelerate::Gloo "
                 "include <accelerate/distributed/process_group.hpp> (or <accelerate/accelerate.hpp>); "
-                "for accelerate::Nccl include <accelerate/distributed/nccl.hpp>.");
+                "for accelerate::Zero<Gloo, N> <accelerate/distributed/sharded.hpp>; "
+                "for accelerate::Nccl and Zero<Nccl, N> include <accelerate/distributed/nccl.hpp>.");
 };
 
 }  // namespace detail

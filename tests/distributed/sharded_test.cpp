@@ -1,0 +1,356 @@
+// Sharded data parallel (Zero<Gloo, 1|2>) with real processes: the same parameters as data
+// parallel after 20 steps (SGD with momentum and AdamW, with and without accumulation and
+// clipping, 2 and 3 ranks, a parameter count no world size divides, several buckets), the
+// optimizer state really split, gradients left only on their owners (stage 2), an exact resume
+// from a checkpoint written by a job that then exited, and clear errors.
+#include <accelerate/accelerate.hpp>
+#include <accelerate/distributed/sharded.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "../support/errors.hpp"
+#include "../support/models.hpp"
+#include "../support/multiprocess.hpp"
+#include "../support/temp_dir.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using accelerate::testing::TinyNet;
+using accelerate::testing::flat_parameters;
+using accelerate::testing::job_dir;
+using accelerate::testing::load_tensor;
+using accelerate::testing::run_job;
+using accelerate::testing::save_tensor;
+
+constexpr int64_t kIn = 6, kHidden = 5, kOut = 3;  // 53 parameters: no world size > 1 divides them
+constexpr int64_t kPerRankBatch = 4;
+constexpr int kSteps = 20;
+
+template <class Backend>
+using ShardTestAccelerator =
+    accelerate::Accelerator<Backend, accelerate::Fp32, accelerate::AccumulateDynamic, accelerate::ClipNorm<>>;
+
+struct Config {
+  bool adamw;
+  std::size_t accumulation;
+  double max_norm;  // 1e9: the norm is measured and reduced but never clips
+  bool small_buckets;
+  std::string name() const {
+    return std::string(adamw ? "adamw" : "sgd") + "_acc" + std::to_string(accumulation) +
+           (max_norm < 1e6 ? "_clip" : "_noclip") + (small_buckets ? "_buckets" : "");
+  }
+};
+
+accelerate::AcceleratorOptions options_for(const Config& config) {
+  accelerate::AcceleratorOptions options;
+  options.process_group.timeout = 60s;
+  options.accumulation.num_steps = config.accumulation;
+  options.clip.max_norm = config.max_norm;
+  if (config.small_buckets) {  // 3 buckets of 33, 12 and 8 elements
+    options.ddp.first_bucket_cap_bytes = 40;
+    options.ddp.bucket_cap_bytes = 100;
+  }
+  return options;
+}
+
+// The batch of micro-step `micro` for this rank: a fixed slice of one dataset, so every
+// backend sees the same data.
+std::pair<torch::Tensor, torch::Tensor> batch(int micro, int rank, int world) {
+  static const auto data = accelerate::testing::regression_data(4096, kIn, kOut);
+  const int64_t start = (static_cast<int64_t>(micro) * world + rank) * kPerRankBatch;
+  return {data.inputs().narrow(0, start, kPerRankBatch), data.targets().narrow(0, start, kPerRankBatch)};
+}
+
+// Trains kSteps optimizer steps; returns the problems found (empty when fine).
+template <class Backend, class Optimizer>
+std::string train(const Config& config, const std::string& tag) {
+  ShardTestAccelerator<Backend> acc{options_for(config)};
+  torch::manual_seed(5);
+  if (acc.process_index() > 0) torch::manual_seed(100 + acc.process_index());  // prepare broadcasts rank 0's
+  TinyNet net(kIn, kHidden, kOut);
+  Optimizer optimizer = [&] {
+    if constexpr (std::is_same_v<Optimizer, torch::optim::AdamW>)
+      return torch::optim::AdamW(net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+    else
+      return torch::optim::SGD(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  }();
+  auto [model, opt] = acc.prepare(net, optimizer);
+  std::string problems;
+  int micro = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    for (std::size_t m = 0; m < config.accumulation; ++m, ++micro) {
+      auto scope = acc.accumulate(model);
+      auto [x, y] = batch(micro, acc.process_index(), acc.num_processes());
+      acc.backward(torch::mse_loss(model(x), y));
+      if (!acc.sync_gradients()) continue;
+      if constexpr (!std::is_same_v<Backend, accelerate::Gloo>) {
+        // The model's parameters hold no gradient; the optimizer's slices do.
+        for (const auto& p : net->parameters())
+          if (p.grad().defined()) problems += "a model parameter kept its gradient; ";
+        std::int64_t with_grad = 0;
+        for (const auto& group : opt.param_groups())
+          for (const auto& slice : group.params()) with_grad += slice.grad().defined() ? slice.numel() : 0;
+        if (with_grad == 0 && acc.process_index() == 0) problems += "no slice has a gradient; ";
+      }
+      opt.step();
+      opt.zero_grad();
+    }
+  }
+  // The optimizer state this rank holds, in elements of its first state tensor per parameter.
+  std::int64_t state_elements = 0;
+  for (const auto& group : opt.param_groups())
+    for (const auto& slice : group.params()) state_elements += slice.numel();
+  const auto all = acc.gather(torch::tensor({state_elements}));
+  if constexpr (!std::is_same_v<Backend, accelerate::Gloo>) {
+    if (acc.is_main_process() && all.sum().template item<std::int64_t>() != 53)
+      problems += "the ranks' slices add up to " + std::to_string(all.sum().template item<std::int64_t>()) +
+                  " elements, not the model's 53; ";
+    if (state_elements >= 53) problems += "rank " + std::to_string(acc.process_index()) + " holds all the state; ";
+    const auto stats = acc.stats();
+    if (stats.allgather.calls == 0) problems += "no parameter all-gather; ";
+    if (Backend::stage == 2 && stats.reduce_scatter.calls == 0) problems += "no gradient reduce-scatter; ";
+    if (Backend::stage == 1 && stats.gradient_allreduce.calls == 0) problems += "no gradient all-reduce; ";
+  }
+  save_tensor(job_dir() / (tag + "_" + config.name() + "_rank" + std::to_string(acc.process_index()) + ".bin"),
+              flat_parameters(*net));
+  return problems;
+}
+
+template <class Backend>
+std::string train_all(const std::string& tag) {
+  std::string problems;
+  for (const bool adamw : {false, true})
+    for (const std::size_t accumulation : {std::size_t{1}, std::size_t{2}})
+      for (const double max_norm : {1e9, 0.05}) {
+        const Config config{adamw, accumulation, max_norm, /*small_buckets=*/!adamw};
+        problems += adamw ? train<Backend, torch::optim::AdamW>(config, tag)
+                          : train<Backend, torch::optim::SGD>(config, tag);
+      }
+  return problems;
+}
+
+ACCELERATE_WORKER(zero_against_ddp) {
+  const std::string problems = train_all<accelerate::Gloo>("ddp") + train_all<accelerate::Zero<accelerate::Gloo, 1>>("zero1") +
+                               train_all<accelerate::Zero<accelerate::Gloo, 2>>("zero2");
+  if (problems.empty()) return 0;
+  std::cerr << problems << "\n";
+  return 3;
+}
+
+class Sharded : public ::testing::TestWithParam<int> {};
+
+TEST_P(Sharded, StagesOneAndTwoGiveDataParallelsParameters) {
+  const int world = GetParam();
+  auto job = run_job("zero_against_ddp", {.world_size = world});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+  int compared = 0;
+  for (const bool adamw : {false, true})
+    for (const std::size_t accumulation : {std::size_t{1}, std::size_t{2}})
+      for (const double max_norm : {1e9, 0.05}) {
+        const Config config{adamw, accumulation, max_norm, !adamw};
+        const auto ddp = load_tensor(job.dir / ("ddp_" + config.name() + "_rank0.bin"));
+        for (const char* stage : {"zero1", "zero2"})
+          for (int r = 0; r < world; ++r) {
+            const auto sharded = load_tensor(job.dir / (std::string(stage) + "_" + config.name() + "_rank" +
+                                                        std::to_string(r) + ".bin"));
+            EXPECT_LE((sharded - ddp).abs().max().item<double>(), 1e-6) << stage << " " << config.name() << " rank " << r;
+            ++compared;
+          }
+      }
+  EXPECT_EQ(compared, 8 * 2 * world);
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, Sharded, ::testing::Values(2, 3));
+
+// --- checkpoints: a job saves and exits; another resumes and ends where one job would ----------
+
+template <class Backend>
+void resume_phase(const std::string& phase) {
+  ShardTestAccelerator<Backend> acc{options_for({true, 2, 0.05, true})};
+  torch::manual_seed(5);
+  TinyNet net(kIn, kHidden, kOut);
+  torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+  auto [model, opt] = acc.prepare(net, optimizer);
+  const std::filesystem::path checkpoint = std::getenv("SHARD_TEST_SHARED");
+  int first = 0, last = kSteps;
+  if (phase == "first") last = kSteps / 2;
+  if (phase == "second") {
+    acc.load_state(checkpoint);
+    first = kSteps / 2;
+  }
+  for (int step = first; step < last; ++step)
+    for (int m = 0; m < 2; ++m) {
+      auto scope = acc.accumulate(model);
+      auto [x, y] = batch(step * 2 + m, acc.process_index(), acc.num_processes());
+      acc.backward(torch::mse_loss(model(x), y));
+      opt.step();
+      opt.zero_grad();
+    }
+  if (phase == "first") acc.save_state(checkpoint);
+  else save_tensor(job_dir() / ("params_rank" + std::to_string(acc.process_index()) + ".bin"), flat_parameters(*net));
+}
+
+ACCELERATE_WORKER(zero_resume) {
+  const std::string args = std::getenv("ACCELERATE_TEST_ARGS");
+  const std::string phase = args.substr(0, args.find('\n'));  // run_job passes one argument per line
+  if (args.find("stage1") != std::string::npos) resume_phase<accelerate::Zero<accelerate::Gloo, 1>>(phase);
+  else resume_phase<accelerate::Zero<accelerate::Gloo, 2>>(phase);
+  return 0;
+}
+
+class ShardedCheckpoint : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ShardedCheckpoint, ResumesInANewJobExactly) {
+  const std::string stage = GetParam();
+  accelerate::testing::TempDir shared;
+  const auto checkpoint = shared / "checkpoint";
+  const std::map<std::string, std::string> env{{"SHARD_TEST_SHARED", checkpoint.string()}};
+  auto whole = run_job("zero_resume", {.world_size = 2, .env = env, .args = {"whole", stage}});
+  ASSERT_EQ(whole.exit_code, 0) << whole.logs();
+  // The second half runs in a new job that reads what the first job left in the shared folder.
+  auto first = run_job("zero_resume", {.world_size = 2, .env = env, .args = {"first", stage}});
+  ASSERT_EQ(first.exit_code, 0) << first.logs();
+  // Each rank wrote its own optimizer shard, with a manifest of the slices it holds.
+  std::int64_t held = 0;
+  std::string listing;
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoint)) listing += entry.path().filename().string() + " ";
+  for (int r = 0; r < 2; ++r) {
+    const auto stem = checkpoint / ("optimizer_rank" + std::to_string(r));
+    ASSERT_TRUE(std::filesystem::exists(stem.string() + ".safetensors")) << stem << " in " << listing;
+    std::ifstream json(stem.string() + ".json");
+    ASSERT_TRUE(json.good()) << stem;
+    const auto values = nlohmann::json::parse(json);
+    ASSERT_TRUE(values.contains("shards")) << values.dump();
+    EXPECT_EQ(values["shards"]["rank"], r);
+    EXPECT_EQ(values["shards"]["world_size"], 2);
+    for (const auto& piece : values["shards"]["pieces"]) held += piece["numel"].get<std::int64_t>();
+  }
+  EXPECT_EQ(held, 53) << "the two shards together hold every parameter once";
+  EXPECT_FALSE(std::filesystem::exists(checkpoint / "optimizer.safetensors"));
+
+  auto second = run_job("zero_resume", {.world_size = 2, .env = env, .args = {"second", stage}});
+  ASSERT_EQ(second.exit_code, 0) << second.logs();
+  for (int r = 0; r < 2; ++r) {
+    const auto name = "params_rank" + std::to_string(r) + ".bin";
+    EXPECT_TRUE(torch::equal(load_tensor(second.dir / name), load_tensor(whole.dir / name))) << "rank " << r;
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Stages, ShardedCheckpoint, ::testing::Values("stage1", "stage2"));
+
+// --- fp16: an inf in one rank's slice makes every rank skip the step ---------------------------
+
+ACCELERATE_WORKER(zero_fp16_skip) {
+  accelerate::Accelerator<accelerate::Zero<accelerate::Gloo, 2>, accelerate::Fp16> acc{
+      {.cpu = true, .process_group = {.timeout = 60s}}};
+  torch::manual_seed(5);
+  TinyNet net(kIn, kHidden, kOut);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto [model, opt] = acc.prepare(net, sgd);
+  std::string problems;
+  const double scale = acc.loss_scale();
+  for (int step = 0; step < 2; ++step) {
+    auto [x, y] = batch(step, acc.process_index(), acc.num_processes());
+    acc.backward(torch::mse_loss(model(x), y));
+    const auto before = flat_parameters(*net);
+    const bool poison = step == 0;
+    if (poison && acc.process_index() == 0) {  // only rank 0's slice holds it
+      torch::NoGradGuard no_grad;
+      opt.param_groups()[0].params()[0].grad()[0] = std::numeric_limits<float>::infinity();
+    }
+    opt.step();
+    opt.zero_grad();
+    if (opt.step_was_skipped() != poison) problems += "step " + std::to_string(step) + " skipped: " + std::to_string(opt.step_was_skipped()) + "; ";
+    if (poison != torch::equal(before, flat_parameters(*net))) problems += "step " + std::to_string(step) + " moved wrongly; ";
+    const auto all = acc.gather(flat_parameters(*net).unsqueeze(0));
+    if (!torch::equal(all[0], all[1])) problems += "ranks differ after step " + std::to_string(step) + "; ";
+  }
+  if (!(acc.loss_scale() < scale)) problems += "the scale did not back off; ";
+  if (problems.empty()) return 0;
+  std::cerr << problems << "\n";
+  return 3;
+}
+
+TEST(ShardedFp16, AnInfInOneRanksSliceSkipsTheStepOnEveryRank) {
+  auto job = run_job("zero_fp16_skip", {.world_size = 2});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+}
+
+// --- refusals, Adagrad's sliced state, clipping by model parameters, save_model --------------
+
+ACCELERATE_WORKER(zero_errors) {
+  std::string problems;
+  {
+    accelerate::Accelerator<accelerate::Zero<accelerate::Gloo, 2>> acc{{.process_group = {.timeout = 60s}}};
+    TinyNet net(kIn, kHidden, kOut);
+    torch::optim::SGD sgd(net->parameters(), 0.1);
+    const auto early = accelerate::testing::error_of([&] { (void)acc.prepare(sgd); });
+    if (early.find("prepare each model before its optimizers") == std::string::npos) problems += "early: " + early + "; ";
+  }
+  {
+    accelerate::Accelerator<accelerate::Zero<accelerate::Gloo, 1>> acc{{.process_group = {.timeout = 60s}}};
+    TinyNet net(kIn, kHidden, kOut);
+    auto [model] = acc.prepare(net);
+    torch::optim::LBFGS lbfgs(net->parameters());
+    const auto refused = accelerate::testing::error_of([&] { (void)acc.prepare(lbfgs); });
+    if (refused.find("element-wise optimizer") == std::string::npos) problems += "lbfgs: " + refused + "; ";
+    // Adagrad makes its state in its constructor: prepare slices it.
+    torch::optim::Adagrad adagrad(net->parameters(), torch::optim::AdagradOptions(0.1).initial_accumulator_value(0.5));
+    auto [opt] = acc.prepare(adagrad);
+    std::int64_t sliced = 0;
+    for (const auto& group : opt.param_groups())
+      for (const auto& slice : group.params()) {
+        const auto& state = static_cast<torch::optim::AdagradParamState&>(*adagrad.state().at(slice.unsafeGetTensorImpl()));
+        if (state.sum().sizes() != slice.sizes()) problems += "an accumulator of the wrong size; ";
+        sliced += slice.numel();
+      }
+    if (adagrad.state().size() != opt.param_groups()[0].params().size()) problems += "whole-parameter state left; ";
+    auto [x, y] = batch(0, acc.process_index(), acc.num_processes());
+    acc.backward(torch::mse_loss(model(x), y));
+    // The user's own clipping by model parameters reaches the slices that hold the gradients.
+    const double norm = acc.clip_grad_norm_(net->parameters(), 1e-3);
+    const double clipped = acc.clip_grad_norm_(net->parameters(), 1e9);
+    if (!(norm > 1e-3) || std::abs(clipped - 1e-3) > 1e-8)
+      problems += "clip_grad_norm_ measured " + std::to_string(norm) + " then " + std::to_string(clipped) + "; ";
+    const auto norms = acc.gather(torch::tensor({norm}, torch::kDouble));
+    if (norms[0].item<double>() != norms[1].item<double>()) problems += "ranks measured different norms; ";
+    acc.clip_grad_value_(net->parameters(), 1e-5);
+    for (const auto& slice : opt.param_groups()[0].params())
+      if (slice.grad().defined() && slice.grad().abs().max().item<double>() > 1e-5) problems += "clip_grad_value_ missed a slice; ";
+    opt.step();
+    // save_model writes the whole model, the same on every rank.
+    const auto out = job_dir() / "model";
+    acc.save_model(model, out);
+    if (acc.is_main_process()) {
+      auto saved = accelerate::checkpoint::SafetensorsFile::open(out / "model.safetensors");
+      if (saved.names().size() != 4) problems += "save_model wrote " + std::to_string(saved.names().size()) + " tensors; ";
+      for (const auto& name : saved.names())
+        if (!torch::equal(saved.tensor(name), net->named_parameters()[name].detach())) problems += "saved " + name + " differs; ";
+    }
+    const auto gathered = acc.gather(flat_parameters(*net).unsqueeze(0));
+    if (!torch::equal(gathered[0], gathered[1])) problems += "ranks hold different models; ";
+  }
+  if (problems.empty()) return 0;
+  std::cerr << problems << "\n";
+  return 3;
+}
+
+TEST(ShardedErrors, RefusalsAdagradClippingByParameterAndSaveModel) {
+  auto job = run_job("zero_errors", {.world_size = 2});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+}
+
+static_assert(accelerate::distributed::BackendEngine<accelerate::distributed::ShardedEngine<accelerate::distributed::GlooFactory, 1>>);
+static_assert(accelerate::distributed::customises_step_optimizer<
+              accelerate::distributed::ShardedEngine<accelerate::distributed::GlooFactory, 2>>);
+static_assert(accelerate::Zero<accelerate::Gloo, 2>::name == "Zero<Gloo,2>");
+
+}  // namespace
