@@ -24,7 +24,8 @@ static_assert(std::is_empty_v<step::ClipStep<NoClip>>);
 static_assert(std::is_empty_v<step::ClipStep<ClipValue>>);
 
 // Accumulate<1> is NoAccumulation; ClipValue has a run-time threshold but no state.
-static_assert(!accumulates<Accumulate<1>> && accumulates<Accumulate<2>> && accumulates<AccumulateDynamic>);
+static_assert(!step::AccumulationStep<Accumulate<1>>::accumulating && step::AccumulationStep<Accumulate<2>>::accumulating &&
+              step::AccumulationStep<AccumulateDynamic>::accumulating);
 static_assert(sizeof(Accelerator<SingleProcess, Fp32, Accumulate<1>>) == sizeof(detail::CoreState));
 static_assert(sizeof(Accelerator<SingleProcess, Fp32, NoAccumulation, ClipValue>) == sizeof(detail::CoreState));
 static_assert(sizeof(Accelerator<SingleProcess, Bf16>) == sizeof(detail::CoreState));

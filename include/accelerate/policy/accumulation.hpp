@@ -39,8 +39,4 @@ struct AccumulateDynamic {
   static constexpr bool dynamic = true;
 };
 
-/// Whether a policy ever skips synchronisation (false for NoAccumulation and Accumulate<1>).
-template <AccumulationPolicy A>
-inline constexpr bool accumulates = A::dynamic || A::steps > 1;
-
 }  // namespace accelerate
