@@ -332,7 +332,20 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       if (ready_count_ < params_.size()) ++overlapped_launches_;
       bucket.work = scatters() ? comm_->reduce_scatter_async(bucket.flat, bucket.shard)
                                : comm_->all_reduce_async(bucket.flat);
+      // Sharded gradients: the full buffers of at most two launched buckets stay alive; older
+      // ones are awaited and freed while backward goes on (else every bucket's buffer would
+      // coexist until the end of backward: the model's whole gradient again, measured in
+      // bench/README.md).
+      if (scatters() && next_bucket_ > 2) retire(buckets_[next_bucket_ - 3]);
     }
+  }
+
+  // Sharded gradients: waits for a bucket's reduce-scatter and frees its full buffer.
+  void retire(Bucket& bucket) {
+    if (!bucket.work) return;
+    comm_->wait(bucket.work, "gradient reduce_scatter");
+    bucket.work.reset();
+    bucket.flat.reset();
   }
 
   void finish_round() {
@@ -381,9 +394,8 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     torch::NoGradGuard no_grad;
     if (scatters()) {
       for (auto& bucket : buckets_) {
-        comm_->wait(bucket.work, "gradient reduce_scatter");
+        retire(bucket);  // the full buffer lives for one round at most
         bucket.shard.div_(comm_->world_size());
-        bucket.flat.reset();  // the full buffer lives for one round only
       }
       for (std::size_t k = 0; k < pieces_.size(); ++k) {
         at::Tensor& grad = piece_tensors_[k].mutable_grad();
@@ -425,6 +437,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
 
   void wait_launched() {
     for (std::size_t b = 0; b < next_bucket_; ++b) {
+      if (!buckets_[b].work) continue;  // retired already
       try {
         buckets_[b].work->wait();
       } catch (...) {
