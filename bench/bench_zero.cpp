@@ -1,0 +1,126 @@
+// Model-state memory, communication and step time of data parallel against ZeRO stages 1 and 2
+// (Zero<Gloo, 1|2>) with AdamW in fp32. Each rank counts the bytes its tensors hold — parameters,
+// gradients (distinct storages behind the model's and the optimizer's .grad), optimizer state
+// — and its peak RSS (which also holds the reducer's bucket buffers), and prints one JSON line.
+//   bench_zero --nproc W --backend ddp|zero1|zero2 [--params-millions 100] [--steps 4]
+// bench/zero.sh runs the variants in rotation and writes the table in bench/README.md.
+#include <accelerate/accelerate.hpp>
+#include <accelerate/distributed/sharded.hpp>
+
+#include <torch/torch.h>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct Args {
+  std::string backend = "ddp";
+  double params_millions = 100;
+  int steps = 4;
+};
+
+// Square layers whose parameters add up to about the requested count.
+torch::nn::Sequential make_model(double millions) {
+  const int64_t layers = 10;
+  const auto width = static_cast<int64_t>(std::sqrt(millions * 1e6 / static_cast<double>(layers)));
+  torch::nn::Sequential net;
+  for (int64_t i = 0; i < layers; ++i) {
+    net->push_back(torch::nn::Linear(width, width));
+    if (i + 1 < layers) net->push_back(torch::nn::ReLU());
+  }
+  return net;
+}
+
+std::uint64_t bytes_of(const at::Tensor& t) { return static_cast<std::uint64_t>(t.numel()) * t.element_size(); }
+
+// Bytes of the distinct storages behind `tensors` (views of one buffer count once).
+std::uint64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
+  std::set<const void*> seen;
+  std::uint64_t total = 0;
+  for (const auto& t : tensors)
+    if (t.defined() && seen.insert(t.storage().data()).second) total += t.storage().nbytes();
+  return total;
+}
+
+template <class Backend>
+int run(const Args& a) {
+  accelerate::Accelerator<Backend> acc{{.seed = 1, .process_group = {.timeout = std::chrono::minutes(10)}}};
+  auto net = make_model(a.params_millions);
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-4));
+  auto [model, opt] = acc.prepare(net, adamw);
+  const int64_t width = net[0]->as<torch::nn::Linear>()->weight.size(1);
+  std::uint64_t params = 0;
+  for (const auto& p : net->parameters()) params += bytes_of(p);
+
+  std::uint64_t grads = 0, state = 0, comm_bytes = 0;
+  std::vector<double> step_ms;
+  accelerate::CommStats before = acc.stats();
+  for (int step = 0; step < a.steps; ++step) {
+    const auto x = torch::randn({8, width}), y = torch::randn({8, width});
+    const auto start = std::chrono::steady_clock::now();
+    acc.backward(torch::mse_loss(model(x), y));
+    if (step == a.steps - 1) {
+      std::vector<at::Tensor> all;
+      for (const auto& p : net->parameters()) all.push_back(p.grad());
+      for (const auto& group : opt.param_groups())
+        for (const auto& slice : group.params()) all.push_back(slice.grad());
+      grads = storage_bytes(all);
+    }
+    opt.step();
+    opt.zero_grad();
+    step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    if (step == 0) before = acc.stats();  // per-step traffic from the second step on
+  }
+  for (const auto& group : opt.param_groups())
+    for (const auto& slice : group.params()) {
+      const auto found = adamw.state().find(slice.unsafeGetTensorImpl());
+      if (found == adamw.state().end()) continue;
+      const auto& s = static_cast<const torch::optim::AdamWParamState&>(*found->second);
+      state += bytes_of(s.exp_avg()) + bytes_of(s.exp_avg_sq());
+    }
+  const auto after = acc.stats();
+  comm_bytes = (after.allreduce.bytes - before.allreduce.bytes) + (after.reduce_scatter.bytes - before.reduce_scatter.bytes) +
+               (after.allgather.bytes - before.allgather.bytes) + (after.broadcast.bytes - before.broadcast.bytes);
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  std::sort(step_ms.begin() + 1, step_ms.end());
+  nlohmann::json line = {{"backend", a.backend},
+                         {"world_size", acc.num_processes()},
+                         {"rank", acc.process_index()},
+                         {"parameters", params / 4},
+                         {"param_bytes", params},
+                         {"grad_bytes", grads},
+                         {"optimizer_bytes", state},
+                         {"comm_bytes_per_step", comm_bytes / static_cast<std::uint64_t>(std::max(1, a.steps - 1))},
+                         {"median_step_ms", step_ms[1 + (step_ms.size() - 1) / 2]},
+                         {"peak_rss_bytes", static_cast<std::uint64_t>(usage.ru_maxrss) * 1024}};
+  std::cout << line.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return accelerate::launch(argc, argv, [](int argc, char** argv) {
+    Args a;
+    for (int i = 1; i + 1 < argc; i += 2) {
+      if (std::strcmp(argv[i], "--backend") == 0) a.backend = argv[i + 1];
+      else if (std::strcmp(argv[i], "--params-millions") == 0) a.params_millions = std::stod(argv[i + 1]);
+      else if (std::strcmp(argv[i], "--steps") == 0) a.steps = std::stoi(argv[i + 1]);
+    }
+    if (a.backend == "zero1") return run<accelerate::Zero<accelerate::Gloo, 1>>(a);
+    if (a.backend == "zero2") return run<accelerate::Zero<accelerate::Gloo, 2>>(a);
+    return run<accelerate::Gloo>(a);
+  });
+}
