@@ -71,6 +71,13 @@ std::pair<torch::Tensor, torch::Tensor> batch(int micro, int rank, int world) {
   return {data.inputs().narrow(0, start, kPerRankBatch), data.targets().narrow(0, start, kPerRankBatch)};
 }
 
+// A worker's exit code: 0, or 3 after printing the problems it found (the test shows the log).
+int exit_code(const std::string& problems) {
+  if (problems.empty()) return 0;
+  std::cerr << problems << "\n";
+  return 3;
+}
+
 // Trains kSteps optimizer steps; returns the problems found (empty when fine).
 template <class Backend, class Optimizer>
 std::string train(const Config& config, const std::string& tag) {
@@ -142,9 +149,7 @@ std::string train_all(const std::string& tag) {
 ACCELERATE_WORKER(zero_against_ddp) {
   const std::string problems = train_all<accelerate::Gloo>("ddp") + train_all<accelerate::Zero<accelerate::Gloo, 1>>("zero1") +
                                train_all<accelerate::Zero<accelerate::Gloo, 2>>("zero2");
-  if (problems.empty()) return 0;
-  std::cerr << problems << "\n";
-  return 3;
+  return exit_code(problems);
 }
 
 class Sharded : public ::testing::TestWithParam<int> {};
@@ -274,9 +279,7 @@ ACCELERATE_WORKER(zero_fp16_skip) {
     if (!torch::equal(all[0], all[1])) problems += "ranks differ after step " + std::to_string(step) + "; ";
   }
   if (!(acc.loss_scale() < scale)) problems += "the scale did not back off; ";
-  if (problems.empty()) return 0;
-  std::cerr << problems << "\n";
-  return 3;
+  return exit_code(problems);
 }
 
 TEST(ShardedFp16, AnInfInOneRanksSliceSkipsTheStepOnEveryRank) {
@@ -338,9 +341,7 @@ ACCELERATE_WORKER(zero_errors) {
     const auto gathered = acc.gather(flat_parameters(*net).unsqueeze(0));
     if (!torch::equal(gathered[0], gathered[1])) problems += "ranks hold different models; ";
   }
-  if (problems.empty()) return 0;
-  std::cerr << problems << "\n";
-  return 3;
+  return exit_code(problems);
 }
 
 TEST(ShardedErrors, RefusalsAdagradClippingByParameterAndSaveModel) {

@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <cstddef>
-#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -71,8 +70,10 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
       for (std::size_t i = 0; i < params.size(); ++i)
         owners_[params[i].unsafeGetTensorImpl()] = {models_.size() - 1, i};
       const auto& pieces = reducer->shard_piece_tensors();
-      for (std::size_t k = 0; k < pieces.size(); ++k)
+      for (std::size_t k = 0; k < pieces.size(); ++k) {
         piece_of_[params[reducer->shard_pieces()[k].param].unsafeGetTensorImpl()] = {models_.size() - 1, k};
+        slices_.insert(pieces[k].unsafeGetTensorImpl());
+      }
     }
     return handle;
   }
@@ -158,7 +159,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     std::vector<at::Tensor> grads;
     for (const auto& holder : gradient_holders(params)) {
       if (!holder.grad().defined()) continue;
-      ACCELERATE_CHECK(is_slice(holder), "clip_grad_norm_ (", name(), ", rank ", this->rank(), "): a tensor of "
+      ACCELERATE_CHECK(slices_.count(holder.unsafeGetTensorImpl()) > 0, "clip_grad_norm_ (", name(), ", rank ", this->rank(), "): a tensor of "
                        "shape ", holder.sizes(), " has a gradient but is not a parameter of a prepared model, "
                        "so its share of the global norm is unknown");
       grads.push_back(holder.grad());
@@ -218,15 +219,6 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     return entry;
   }
 
-  /// How many parameter elements of `optimizer` this rank owns (steps and keeps state for).
-  std::size_t owned_elements(const torch::optim::Optimizer& optimizer) const {
-    const auto shard = shards_.find(&optimizer);
-    if (shard == shards_.end()) return 0;
-    std::size_t total = 0;
-    for (const auto& piece : shard->second.pieces) total += static_cast<std::size_t>(piece.numel);
-    return total;
-  }
-
  private:
   struct Model {
     std::string name;
@@ -245,13 +237,6 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
   };
 
   static std::string name() { return "Zero stage " + std::to_string(Stage); }
-
-  bool is_slice(const at::Tensor& tensor) const {
-    for (const auto& model : models_)
-      for (const auto& slice : model.reducer->shard_piece_tensors())
-        if (slice.is_same(tensor)) return true;
-    return false;
-  }
 
   // The state of a whole parameter, cut to the slice `where` (tensors flattened).
   template <class State>
@@ -297,6 +282,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
   // Model parameter -> (model, index in its reducer), and -> (model, index of this rank's slice).
   std::map<const c10::TensorImpl*, std::pair<std::size_t, std::size_t>> owners_;
   std::map<const c10::TensorImpl*, std::pair<std::size_t, std::size_t>> piece_of_;
+  std::set<const c10::TensorImpl*> slices_;  // every slice tensor (clip_grad_norm_ looks them up each step)
   std::map<const torch::optim::Optimizer*, OptimizerShard> shards_;
 };
 
