@@ -33,7 +33,10 @@ enum class EntryOwner {
 
 /// One object save_state/load_state visit, with how to read and restore its state. `check`,
 /// when set, finds every problem `load` would meet without changing anything (load_state
-/// applies such entries last, so it never has to undo them).
+/// applies such entries last, so it never has to undo them). `reshard`, for state each rank
+/// owns, makes this rank's state out of every saved rank's, for a checkpoint written by
+/// another number of processes (a sharded optimizer re-cuts its slices); without it such a
+/// checkpoint is refused.
 struct Entry {
   /// What the entry is: it names its file (state_stem) and is counted in the manifest.
   /// `scaler` and `micro_step` are the accelerator's own step states, not user objects.
@@ -43,6 +46,7 @@ struct Entry {
   std::function<StateDict()> save;
   std::function<void(const StateDict&)> load;
   std::function<void(const StateDict&)> check = {};
+  std::function<StateDict(const std::vector<StateDict>& saved_by_rank)> reshard = {};
 };
 
 /// Whether entries of `kind` are the accelerator's step states rather than objects (not

@@ -166,6 +166,34 @@ inline void check_rng_state(const StateDict& state, const std::string& file) {
   }
 }
 
+/// The RNG state of rank `rank` when a checkpoint holds none for it (resumed on more processes
+/// than saved it): each generator is seeded with a 64-bit mix of rank `rank` and an FNV-1a
+/// hash of the saved rank 0's state of that generator, so it is the same on every resume and
+/// differs between ranks and from rank 0's stream.
+inline StateDict derived_rng_state(const StateDict& rank0, int rank, const std::string& file) {
+  check_rng_state(rank0, file);
+  StateDict out;
+  auto generators = detail::all_generators();
+  for (std::size_t i = 0; i < generators.size(); ++i) {
+    const std::string key = i == 0 ? "cpu" : "cuda_" + std::to_string(i - 1);
+    const at::Tensor bytes = rank0.tensors.at(key).contiguous().to(at::kCPU);
+    const auto* data = static_cast<const unsigned char*>(bytes.data_ptr());
+    std::uint64_t hash = 14695981039346656037ull;  // FNV-1a
+    for (std::size_t b = 0; b < bytes.nbytes(); ++b) hash = (hash ^ data[b]) * 1099511628211ull;
+    std::uint64_t seed = hash + 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(rank + 1);  // splitmix64
+    seed = (seed ^ (seed >> 30)) * 0xBF58476D1CE4E5B9ull;
+    seed = (seed ^ (seed >> 27)) * 0x94D049BB133111EBull;
+    seed ^= seed >> 31;
+    at::Generator trial = [&] {
+      std::lock_guard<std::mutex> lock(generators[i].mutex());
+      return generators[i].clone();
+    }();
+    trial.set_current_seed(seed);
+    out.tensors[key] = trial.get_state();
+  }
+  return out;
+}
+
 /// Restores rng_state(); generators the checkpoint lacks (a GPU count that changed) are an
 /// error rather than silently left as they are.
 inline void load_rng_state(const StateDict& state, const std::string& file) {
@@ -189,6 +217,12 @@ struct LoadStateOptions {
   /// Resume a checkpoint saved by another configuration (policies, accumulation steps, clip
   /// options: the fingerprint in the manifest); otherwise that is an error naming both.
   bool allow_configuration_change = false;
+  /// Resume a checkpoint saved by another number of processes; otherwise that is an error
+  /// naming both. Replicated state loads as it is; each rank's own state is re-cut (a sharded
+  /// optimizer's slices); ranks the checkpoint has no RNG state for derive one
+  /// (derived_rng_state); dataloaders skip the samples all ranks consumed and deal the rest of
+  /// the epoch over the new ranks. The micro-step counter is rank 0's.
+  bool allow_world_size_change = false;
   /// Compare every file's checksum with the manifest's (a file swapped in from another
   /// checkpoint of the same shapes, or damaged). Costs about one pass over the checkpoint
   /// from memory; bench/README.md measures it.
@@ -318,6 +352,33 @@ inline std::filesystem::path latest_checkpoint(const ProjectConfiguration& proje
   return complete.back().second;
 }
 
+/// Files and state of one entry read for load_state.
+struct PendingLoad {
+  const Entry* entry;
+  std::string files;  // named in errors
+  StateDict state;
+};
+
+/// This rank's state of an entry each rank owns, made by the entry's reshard() from every
+/// rank's file of a checkpoint saved by `saved_world` processes.
+template <class WithFiles>
+PendingLoad resharded(const Entry& entry, std::size_t index, const std::filesystem::path& source,
+                      int saved_world, WithFiles& with_files) {
+  const std::string pattern = (source / entry_stem(entry, index, 0)).string();
+  const std::string files = pattern.substr(0, pattern.size() - 1) + "{0.." + std::to_string(saved_world - 1) +
+                            "}.{safetensors,json}";
+  ACCELERATE_CHECK(entry.reshard != nullptr, "load_state: ", files, " hold per-rank ", kind_name(entry.kind),
+                   " state of ", saved_world, " process(es), which has no rule to re-cut it for another number");
+  PendingLoad p{&entry, files, {}};
+  with_files(files, [&] {
+    std::vector<StateDict> saved;
+    for (int r = 0; r < saved_world; ++r) saved.push_back(read_state_files(source, entry_stem(entry, index, r)));
+    p.state = entry.reshard(saved);
+    if (entry.check) entry.check(p.state);
+  });
+  return p;
+}
+
 /// Restores what save_state() wrote, all or nothing. Everything is read and checked before any
 /// object changes: the folder is complete, every file has the size and checksum the manifest
 /// recorded, the run matches (world size, number of objects of each kind, the configuration
@@ -337,13 +398,16 @@ inline std::filesystem::path load_state(const StateSources& src, ProjectConfigur
   ACCELERATE_CHECK(path_exists(manifest_path, "load_state"), "load_state: ", source.string(), " is not a complete checkpoint (",
                    manifest_name, " is missing; an interrupted save?)");
   const auto manifest = read_json_file(manifest_path);
+  int saved_world = src.world_size;
   try {
     ACCELERATE_CHECK(manifest.value("format", "") == state_format, "load_state: ", manifest_path.string(),
                      ": format '", manifest.value("format", ""), "', expected '", state_format, "'");
-    const int saved_world = manifest.at("world_size").get<int>();
-    ACCELERATE_CHECK(saved_world == src.world_size, "load_state: ", source.string(), " was saved by ",
-                     saved_world, " process(es); this run has ", src.world_size,
-                     " (per-rank RNG states and data shards would not match)");
+    saved_world = manifest.at("world_size").get<int>();
+    ACCELERATE_CHECK(saved_world >= 1, "load_state: ", manifest_path.string(), ": world_size ", saved_world);
+    ACCELERATE_CHECK(saved_world == src.world_size || options.allow_world_size_change, "load_state: ",
+                     source.string(), " was saved by ", saved_world, " process(es); this run has ", src.world_size,
+                     " (LoadStateOptions::allow_world_size_change = true resumes it here: per-rank state is "
+                     "re-cut and the rest of the epoch dealt over this run's processes)");
     const auto saved_configuration = manifest.value("configuration", std::string());
     ACCELERATE_CHECK(options.allow_configuration_change || saved_configuration == src.configuration,
                      "load_state: ", source.string(), " was saved by another configuration:\n  saved: ",
@@ -391,18 +455,20 @@ inline std::filesystem::path load_state(const StateSources& src, ProjectConfigur
   };
 
   // 1. Read everything and check what can be checked without changing anything.
-  const std::string rng_stem = "random_states_" + std::to_string(src.rank);
+  // A rank the checkpoint has no file for (more processes than saved it) takes rank 0's
+  // micro-step counter and derives its RNGs from rank 0's.
+  const bool resharding = saved_world != src.world_size;
+  const int rng_rank = src.rank < saved_world ? src.rank : 0;
+  const std::string rng_stem = "random_states_" + std::to_string(rng_rank);
   const std::string rng_files = (source / rng_stem).string() + ".{safetensors,json}";
   StateDict per_rank;
   with_files(rng_files, [&] {
     per_rank = read_state_files(source, rng_stem);
-    check_rng_state(per_rank, (source / rng_stem).string() + ".safetensors");
+    const std::string file = (source / rng_stem).string() + ".safetensors";
+    if (rng_rank == src.rank) check_rng_state(per_rank, file);
+    else per_rank.tensors = derived_rng_state(per_rank, src.rank, file).tensors;
   });
-  struct Pending {
-    const Entry* entry;
-    std::string files;
-    StateDict state;
-  };
+  using Pending = PendingLoad;
   std::vector<Pending> pending;  // objects, then step states: the order restores follow
   std::map<Kind, std::size_t> counts;
   for (const auto* list : {&src.registry->objects(), &src.registry->step_states()}) {
@@ -410,6 +476,10 @@ inline std::filesystem::path load_state(const StateSources& src, ProjectConfigur
       const std::size_t index = counts[entry.kind]++;
       if (in_rank_file(entry)) {  // read above
         pending.push_back({&entry, rng_files, per_rank});
+        continue;
+      }
+      if (resharding && entry.owner == EntryOwner::every_rank) {
+        pending.push_back(resharded(entry, index, source, saved_world, with_files));
         continue;
       }
       const std::string stem = entry_stem(entry, index, src.rank);

@@ -50,12 +50,20 @@ class ShardSampler {
   /// Changes the shuffle seed (restoring a saved position).
   void set_seed(std::uint64_t seed) noexcept { spec_.seed = seed; }
 
+  /// Deals only positions `start`.. of the epoch's order (the rest of an epoch another world
+  /// size began: a resume on a different number of processes); 0 deals the whole epoch.
+  void set_epoch_start(std::size_t start) noexcept { start_ = std::min(start, spec_.dataset_size); }
+  /// Positions of the epoch's order already dealt before this sampler's first batch.
+  std::size_t epoch_start() const noexcept { return start_; }
+  /// Samples this sampler deals from: the dataset, less the positions before epoch_start().
+  std::size_t samples() const noexcept { return spec_.dataset_size - start_; }
+
   /// Number of batches this rank reads per epoch.
   std::size_t batches_per_rank() const noexcept { return batches_for(spec_.rank); }
 
   /// Number of batches rank `rank` reads per epoch.
   std::size_t batches_for(std::size_t rank) const noexcept {
-    const std::size_t n = spec_.dataset_size, b = spec_.batch_size, w = spec_.world_size;
+    const std::size_t n = samples(), b = spec_.batch_size, w = spec_.world_size;
     if (n == 0) return 0;
     const std::size_t full = n / b;
     if (spec_.drop_last) return full / w;
@@ -69,7 +77,7 @@ class ShardSampler {
   /// last round is all real (gather_for_metrics truncates to this on the last batch).
   std::size_t remainder() const noexcept {
     if (spec_.world_size == 1 || spec_.drop_last || !spec_.even_batches) return 0;
-    return spec_.dataset_size % (spec_.world_size * spec_.batch_size);
+    return samples() % (spec_.world_size * spec_.batch_size);
   }
 
   /// The epoch's order of dataset indices: a permutation from a generator seeded with
@@ -87,21 +95,24 @@ class ShardSampler {
     return out;
   }
 
-  /// Dataset indices of this rank's k-th batch, given the epoch's order.
+  /// Dataset indices of this rank's k-th batch, given the epoch's order (positions from
+  /// epoch_start() on; the even_batches tail wraps around to epoch_start()).
   std::vector<int64_t> batch(const std::vector<int64_t>& order, std::size_t k) const {
-    const std::size_t n = order.size(), b = spec_.batch_size;
+    const std::size_t skipped = std::min(start_, order.size());
+    const std::size_t n = order.size() - skipped, b = spec_.batch_size;
     const std::size_t global = k * spec_.world_size + spec_.rank;
     const std::size_t begin = global * b;
     const bool wrap = spec_.world_size > 1 && spec_.even_batches && !spec_.drop_last;
     const std::size_t end = wrap ? begin + b : std::min(begin + b, n);
     std::vector<int64_t> out;
     out.reserve(end > begin ? end - begin : 0);
-    for (std::size_t p = begin; p < end; ++p) out.push_back(order[p < n ? p : (p - n) % n]);
+    for (std::size_t p = begin; p < end; ++p) out.push_back(order[skipped + (p < n ? p : (p - n) % n)]);
     return out;
   }
 
  private:
   ShardSpec spec_;
+  std::size_t start_ = 0;
 };
 
 }  // namespace accelerate::data

@@ -6,6 +6,7 @@
 // checkpoints its own optimizer shard with a manifest of what it holds.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <map>
@@ -64,6 +65,10 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
                                 const AcceleratorOptions& options) {
     ReducerHandle handle = Base::make_model_sync(module, name, options,
                                                  Stage == 1 ? Sharding::optimizer_state : Sharding::gradients);
+    if (!handle.shared_reducer()) {  // one process: each parameter is its own whole shard
+      for (auto& item : module.named_parameters(true))
+        if (item.value().requires_grad()) whole_[item.value().unsafeGetTensorImpl()] = {name, item.key()};
+    }
     if (const auto& reducer = handle.shared_reducer()) {
       models_.push_back({name, reducer});
       const auto& params = reducer->parameters();
@@ -82,12 +87,26 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
   /// of their storage; a parameter this rank owns nothing of leaves its groups), slicing any
   /// state it already holds (Adagrad's accumulators). Frozen parameters stay as they are.
   void adopt_optimizer(torch::optim::Optimizer& optimizer) {
-    if (!this->communicator()) return;  // one process: the whole optimizer is its shard
+    if (!this->communicator()) {  // one process: the whole optimizer is its shard
+      OptimizerShard shard;
+      int64_t index = 0;
+      for (auto& group : optimizer.param_groups())
+        for (auto& param : group.params()) {
+          if (const auto whole = whole_.find(param.unsafeGetTensorImpl()); whole != whole_.end())
+            shard.pieces.push_back({whole->second.first, whole->second.second,
+                                    std::vector<int64_t>(param.sizes().begin(), param.sizes().end()), 0,
+                                    param.numel(), index});
+          ++index;
+        }
+      shards_[&optimizer] = std::move(shard);
+      return;
+    }
     ACCELERATE_CHECK(steps_elementwise(optimizer), "prepare: ", name(), " shards the optimizer state, which "
                      "needs an element-wise optimizer (torch::optim SGD, Adam, AdamW, RMSprop or Adagrad); "
                      "use accelerate::Gloo or accelerate::Nccl (data parallel) for this optimizer");
     OptimizerShard shard;
     std::set<std::pair<std::size_t, std::size_t>> buckets;  // (model, bucket): ordered alike on every rank
+    int64_t group_base = 0;  // state index of the group's first parameter in the narrowed optimizer
     accelerate::detail::with_state_type(optimizer, [&]<class State>() {
       for (auto& group : optimizer.param_groups()) {
         std::vector<at::Tensor> kept;
@@ -116,10 +135,11 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
             kept.push_back(slice);
             shard.pieces.push_back({models_[model].name, reducer.names()[index],
                                     std::vector<int64_t>(param.sizes().begin(), param.sizes().end()),
-                                    where.begin, where.length});
+                                    where.begin, where.length, group_base + static_cast<int64_t>(kept.size()) - 1});
           }
           if (has_state) states.erase(param.unsafeGetTensorImpl());
         }
+        group_base += static_cast<int64_t>(kept.size());
         group.params() = std::move(kept);
       }
     });
@@ -190,8 +210,10 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
 
   /// A prepared optimizer's checkpoint entry: each rank writes its own shard
   /// (optimizer_<i>_rank<r>), whose JSON carries a manifest under "shards": the stage, the
-  /// world size, this rank, and for each state index the model, parameter name, global shape
-  /// and the flat slice [offset, offset + numel) it holds. Loading checks the manifest first.
+  /// world size, this rank, and for each slice the model, parameter name, global shape, the
+  /// flat range [offset, offset + numel) it holds and its index in the optimizer's state.
+  /// Loading checks the manifest first; a checkpoint of another world size (or stage) is
+  /// re-cut from every saved rank's slices (resharded_state).
   checkpoint::Entry optimizer_entry(const torch::optim::Optimizer& optimizer, checkpoint::Entry entry) {
     const auto shard = shards_.find(&optimizer);
     if (shard == shards_.end()) return entry;
@@ -199,7 +221,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     nlohmann::json pieces = nlohmann::json::array();
     for (const auto& piece : shard->second.pieces)
       pieces.push_back({{"model", piece.model}, {"parameter", piece.parameter}, {"shape", piece.shape},
-                        {"offset", piece.offset}, {"numel", piece.numel}});
+                        {"offset", piece.offset}, {"numel", piece.numel}, {"index", piece.index}});
     manifest["pieces"] = std::move(pieces);
     auto verify = [manifest](const StateDict& saved) { check_manifest(manifest, saved); };
     entry.owner = checkpoint::EntryOwner::every_rank;
@@ -216,6 +238,9 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
       verify(saved);
       if (check) check(saved);
     };
+    entry.reshard = [manifest, &optimizer](const std::vector<StateDict>& saved) {
+      return resharded_state(manifest, optimizer, saved);
+    };
     return entry;
   }
 
@@ -230,6 +255,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     std::vector<int64_t> shape;
     int64_t offset;
     int64_t numel;
+    int64_t index;  // in the optimizer's state order ("state.<index>.<name>")
   };
   struct OptimizerShard {
     std::vector<PieceRecord> pieces;                         // in the optimizer's state order
@@ -259,6 +285,100 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     return out;
   }
 
+  // This rank's optimizer state, in the layout `mine` describes, assembled from the slices
+  // every saved rank held (a checkpoint of another world size or stage): each state tensor of
+  // each of this rank's slices is copied together from the saved slices of the same
+  // parameter that overlap it; step counts and hyperparameters are the saved ones.
+  static StateDict resharded_state(const nlohmann::json& mine, const torch::optim::Optimizer& optimizer,
+                                   const std::vector<StateDict>& saved) {
+    struct Source {
+      const StateDict* state;
+      std::string index;
+      int64_t offset, numel;
+      std::vector<int64_t> shape;
+    };
+    std::map<std::pair<std::string, std::string>, std::vector<Source>> sources;  // (model, parameter)
+    for (std::size_t r = 0; r < saved.size(); ++r) {
+      const auto& values = saved[r].values;
+      ACCELERATE_CHECK(values.contains("shards") && values.contains("state") && values.contains("param_groups"),
+                       "sharded optimizer state of saved rank ", r, ": no \"shards\" manifest, state or param_groups "
+                       "(saved by a data-parallel run?)");
+      ACCELERATE_CHECK(values.value("type", "") == saved[0].values.value("type", ""), "sharded optimizer state: saved "
+                       "rank ", r, " holds ", values.value("type", ""), " state, rank 0 ", saved[0].values.value("type", ""));
+      for (const auto& piece : values.at("shards").at("pieces")) {
+        ACCELERATE_CHECK(piece.contains("index"), "sharded optimizer state of saved rank ", r, ": its slices do not "
+                         "record their state index (saved by an older version), so it cannot be re-cut");
+        sources[{piece.at("model").get<std::string>(), piece.at("parameter").get<std::string>()}].push_back(
+            {&saved[r], std::to_string(piece.at("index").get<int64_t>()), piece.at("offset").get<int64_t>(),
+             piece.at("numel").get<int64_t>(), piece.at("shape").get<std::vector<int64_t>>()});
+      }
+    }
+    std::vector<at::Tensor> params;  // this optimizer's, in state order
+    for (const auto& group : optimizer.param_groups())
+      for (const auto& p : group.params()) params.push_back(p);
+
+    StateDict out;
+    out.values["type"] = saved[0].values.value("type", "");
+    out.values["shards"] = mine;
+    auto groups = saved[0].values.at("param_groups");
+    ACCELERATE_CHECK(groups.is_array() && groups.size() == optimizer.param_groups().size(), "sharded optimizer state: ",
+                     groups.size(), " param groups saved, the optimizer has ", optimizer.param_groups().size());
+    int64_t index = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      nlohmann::json indices = nlohmann::json::array();
+      for (std::size_t i = 0; i < optimizer.param_groups()[g].params().size(); ++i) indices.push_back(index++);
+      groups[g]["params"] = indices;
+    }
+    out.values["param_groups"] = groups;
+    nlohmann::json states = nlohmann::json::object();
+    for (const auto& piece : mine.at("pieces")) {
+      const auto model = piece.at("model").get<std::string>(), parameter = piece.at("parameter").get<std::string>();
+      const auto shape = piece.at("shape").get<std::vector<int64_t>>();
+      const auto begin = piece.at("offset").get<int64_t>(), numel = piece.at("numel").get<int64_t>(),
+                 my_index = piece.at("index").get<int64_t>();
+      const auto found = sources.find({model, parameter});
+      ACCELERATE_CHECK(found != sources.end(), "sharded optimizer state: no saved rank holds a slice of ", model,
+                       ".", parameter);
+      std::vector<const Source*> overlapping;
+      for (const auto& source : found->second) {
+        ACCELERATE_CHECK(source.shape == shape, "sharded optimizer state: ", model, ".", parameter, " was saved with "
+                         "shape ", nlohmann::json(source.shape).dump(), ", this model's is ", nlohmann::json(shape).dump());
+        if (source.offset < begin + numel && begin < source.offset + source.numel) overlapping.push_back(&source);
+      }
+      const auto stepped = [](const Source* s) { return s->state->values.at("state").contains(s->index); };
+      const auto with_state = std::count_if(overlapping.begin(), overlapping.end(), stepped);
+      if (with_state == 0) continue;  // never stepped
+      ACCELERATE_CHECK(with_state == static_cast<std::ptrdiff_t>(overlapping.size()), "sharded optimizer state: ",
+                       "some saved slices of ", model, ".", parameter, " have optimizer state and some do not");
+      const std::string key = std::to_string(my_index);
+      states[key] = overlapping.front()->state->values.at("state").at(overlapping.front()->index);
+      ACCELERATE_CHECK(my_index >= 0 && my_index < static_cast<int64_t>(params.size()), "sharded optimizer state: ",
+                       "state index ", my_index, " is outside the optimizer's ", params.size(), " parameters");
+      std::map<std::string, at::Tensor> assembled;  // state name -> this slice's elements
+      int64_t covered = 0;
+      for (const Source* source : overlapping) {
+        const int64_t from = std::max(begin, source->offset), to = std::min(begin + numel, source->offset + source->numel);
+        covered += to - from;
+        const std::string prefix = "state." + source->index + ".";
+        for (const auto& [name, tensor] : source->state->tensors) {
+          if (!name.starts_with(prefix)) continue;
+          const std::string field = name.substr(prefix.size());
+          ACCELERATE_CHECK(tensor.numel() == source->numel, "sharded optimizer state: ", name, " has ",
+                           tensor.numel(), " elements, its slice of ", model, ".", parameter, " ", source->numel);
+          auto& target = assembled[field];
+          if (!target.defined()) target = at::zeros({numel}, tensor.options());
+          target.narrow(0, from - begin, to - from).copy_(tensor.reshape(-1).narrow(0, from - source->offset, to - from));
+        }
+      }
+      ACCELERATE_CHECK(covered == numel, "sharded optimizer state: the saved slices cover ", covered, " of the ",
+                       numel, " elements [", begin, ", ", begin + numel, ") of ", model, ".", parameter);
+      for (auto& [field, tensor] : assembled)
+        out.tensors["state." + key + "." + field] = tensor.reshape(params[static_cast<std::size_t>(my_index)].sizes());
+    }
+    out.values["state"] = states;
+    return out;
+  }
+
   static void check_manifest(const nlohmann::json& expected, const StateDict& saved) {
     ACCELERATE_CHECK(saved.values.contains("shards"), "sharded optimizer state: the saved state has no "
                      "\"shards\" manifest (saved by a data-parallel run?); it cannot be loaded into ",
@@ -268,7 +388,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
       ACCELERATE_CHECK(found.contains(key) && found.at(key) == expected.at(key),
                        "sharded optimizer state: saved with ", key, " ", found.value(key, nlohmann::json()).dump(),
                        ", this run has ", expected.at(key).dump(), " (a sharded optimizer resumes on the same "
-                       "number of processes and stage)");
+                       "stage; another number of processes needs LoadStateOptions::allow_world_size_change)");
     const auto& mine = expected.at("pieces");
     const auto& theirs = found.value("pieces", nlohmann::json::array());
     ACCELERATE_CHECK(theirs.size() == mine.size(), "sharded optimizer state: ", theirs.size(),
@@ -282,6 +402,8 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
   // Model parameter -> (model, index in its reducer), and -> (model, index of this rank's slice).
   std::map<const c10::TensorImpl*, std::pair<std::size_t, std::size_t>> owners_;
   std::map<const c10::TensorImpl*, std::pair<std::size_t, std::size_t>> piece_of_;
+  // One process: model parameter -> (model, parameter name), each its own whole shard.
+  std::map<const c10::TensorImpl*, std::pair<std::string, std::string>> whole_;
   std::set<const c10::TensorImpl*> slices_;  // every slice tensor (clip_grad_norm_ looks them up each step)
   std::map<const torch::optim::Optimizer*, OptimizerShard> shards_;
 };

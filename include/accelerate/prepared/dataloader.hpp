@@ -3,6 +3,7 @@
 // iteration with the accelerator's GradientState while it runs.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <iterator>
 #include <memory>
@@ -74,10 +75,11 @@ class DatasetSource {
   std::int64_t remainder() const noexcept {
     const auto& spec = sampler_.spec();
     if (spec.drop_last) return 0;
-    return static_cast<std::int64_t>(spec.dataset_size % (spec.batch_size * spec.world_size));
+    return static_cast<std::int64_t>(sampler_.samples() % (spec.batch_size * spec.world_size));
   }
   const data::ShardSampler& sampler() const noexcept { return sampler_; }
   void set_seed(std::uint64_t seed) noexcept { sampler_.set_seed(seed); }
+  void set_epoch_start(std::size_t start) noexcept { sampler_.set_epoch_start(start); }
   Dataset& dataset() const noexcept { return *dataset_; }
 
  private:
@@ -167,11 +169,30 @@ class PreparedDataLoader {
     std::size_t epoch = 0;      // completed epochs
     std::size_t consumed = 0;   // batches yielded in the current epoch
     std::size_t skip_next = 0;  // batches to skip when the next epoch starts (resume)
+    // Positions of the current epoch's order consumed by a run with another world size (a
+    // resharded resume); this run deals the rest. Map-style datasets only.
+    std::size_t epoch_start = 0;
+
+    void set_epoch_start(std::size_t start) {
+      epoch_start = start;
+      if constexpr (requires { source.set_epoch_start(start); }) source.set_epoch_start(start);
+    }
+
+    /// Positions of the current epoch's order consumed so far, by every rank together.
+    std::size_t samples_consumed() const {
+      if constexpr (requires { source.sampler(); }) {
+        const auto& spec = source.sampler().spec();
+        return std::min(spec.dataset_size, epoch_start + consumed * spec.world_size * spec.batch_size);
+      } else {
+        return consumed * static_cast<std::size_t>(context->num_processes());  // elements of the range
+      }
+    }
 
     std::optional<typename Source::batch_type> fetch(GradientState::Activation& activation) {
       if (!source.has_next()) {
         ++epoch;
         consumed = 0;
+        set_epoch_start(0);
         activation.release();  // the loop is over: later code is outside this loader
         return std::nullopt;
       }
@@ -246,6 +267,7 @@ class PreparedDataLoader {
   void set_epoch(std::size_t epoch) noexcept {
     shared_->epoch = epoch;
     shared_->consumed = 0;
+    shared_->set_epoch_start(0);
   }
   /// The next iteration skips its first `n` batches (this epoch only); returns this loader.
   PreparedDataLoader& skip_first_batches(std::size_t n) noexcept {
@@ -255,12 +277,14 @@ class PreparedDataLoader {
   /// The underlying source (dataset and sampler, or the range).
   Source& source() const noexcept { return shared_->source; }
 
-  /// {epoch, batches consumed, world size and, for datasets, the shuffle seed and sharding}.
+  /// {epoch, batches consumed, world size, samples of the epoch consumed by all ranks together
+  /// and, for datasets, where this epoch began, the shuffle seed and sharding}.
   StateDict state_dict() const {
     StateDict s;
     const auto& sh = *shared_;
     s.values = {{"epoch", sh.epoch}, {"batches_consumed", sh.consumed},
-                {"world_size", sh.context->num_processes()}};
+                {"world_size", sh.context->num_processes()}, {"samples_consumed", sh.samples_consumed()},
+                {"epoch_start", sh.epoch_start}};
     if constexpr (requires { sh.source.sampler(); }) {
       const auto& spec = sh.source.sampler().spec();
       s.values["seed"] = spec.seed;
@@ -274,17 +298,22 @@ class PreparedDataLoader {
   }
 
   /// Restores the position; the next begin() resumes after the last consumed batch. A state
-  /// taken with another world size, dataset size, batch size, shuffle, drop_last or
-  /// even_batches (the batch order would differ) is an error naming both values; nothing
-  /// changes before every value is checked.
+  /// taken with another dataset size, batch size, shuffle, drop_last or even_batches (the
+  /// batch order would differ) is an error naming both values; nothing changes before every
+  /// value is checked.
+  ///
+  /// A state saved by another number of processes resumes by samples: the positions of the
+  /// epoch's order that all ranks together consumed are skipped, and the rest of the epoch is
+  /// dealt over this run's ranks, so no sample is repeated or skipped; the epochs after it are
+  /// a fresh run's. A range of batches (no sampler) resumes on another world size only when
+  /// the batches consumed are whole rounds of this world size.
   void load_state_dict(const StateDict& s) {
     auto& sh = *shared_;
     const auto world = s.value<std::size_t>("world_size");
+    const auto here = static_cast<std::size_t>(sh.context->num_processes());
     const auto epoch = s.value<std::size_t>("epoch");
     const auto consumed = s.value<std::size_t>("batches_consumed");
-    ACCELERATE_CHECK(world == static_cast<std::size_t>(sh.context->num_processes()),
-                     "dataloader state: saved with ", world, " processes, this run has ",
-                     sh.context->num_processes(), " (batch order and shards would differ)");
+    std::size_t skip = consumed, epoch_start = 0;
     if constexpr (requires { sh.source.sampler(); }) {
       const auto& spec = sh.source.sampler().spec();
       const auto dataset_size = s.value<std::size_t>("dataset_size");
@@ -294,21 +323,43 @@ class PreparedDataLoader {
                        " samples in batches of ", batch_size, ", this loader has ",
                        spec.dataset_size, " samples in batches of ", spec.batch_size);
       // States written before these were recorded lack them.
-      for (const auto& [key, here] : {std::pair{"shuffle", spec.shuffle}, std::pair{"drop_last", spec.drop_last},
+      for (const auto& [key, mine] : {std::pair{"shuffle", spec.shuffle}, std::pair{"drop_last", spec.drop_last},
                                       std::pair{"even_batches", spec.even_batches}}) {
         if (!s.values.contains(key)) continue;
         const bool saved = s.value<bool>(key);
-        ACCELERATE_CHECK(saved == here, "dataloader state: saved with ", key, " = ", saved ? "true" : "false",
-                         ", this loader has ", key, " = ", here ? "true" : "false",
+        ACCELERATE_CHECK(saved == mine, "dataloader state: saved with ", key, " = ", saved ? "true" : "false",
+                         ", this loader has ", key, " = ", mine ? "true" : "false",
                          " (the batch order would differ)");
       }
-      ACCELERATE_CHECK(consumed <= sh.source.size(), "dataloader state: ", consumed,
-                       " batches consumed, but an epoch of this loader has ", sh.source.size());
+      const auto saved_start = s.values.contains("epoch_start") ? s.value<std::size_t>("epoch_start") : 0;
+      ACCELERATE_CHECK(saved_start <= dataset_size, "dataloader state: epoch_start ", saved_start,
+                       " is past the dataset's ", dataset_size, " samples");
+      if (world == here) {
+        epoch_start = saved_start;
+        data::ShardSampler trial(spec);
+        trial.set_epoch_start(epoch_start);
+        ACCELERATE_CHECK(consumed <= trial.batches_per_rank(), "dataloader state: ", consumed,
+                         " batches consumed, but an epoch of this loader has ", trial.batches_per_rank());
+      } else {
+        epoch_start = s.values.contains("samples_consumed")
+                          ? s.value<std::size_t>("samples_consumed")
+                          : std::min(dataset_size, saved_start + consumed * world * batch_size);
+        ACCELERATE_CHECK(epoch_start <= dataset_size, "dataloader state: ", epoch_start,
+                         " samples consumed, but the dataset has ", dataset_size);
+        skip = 0;
+      }
       sh.source.set_seed(s.value<std::uint64_t>("seed"));
+    } else if (world != here) {
+      ACCELERATE_CHECK(consumed * world % here == 0, "dataloader state: saved by ", world, " processes after ",
+                       consumed, " batches each (", consumed * world, " batches of the range); this run has ",
+                       here, " processes, which cannot resume there: a range of batches is dealt in rounds of ",
+                       here, " (prepare a map-style dataset to resume anywhere)");
+      skip = consumed * world / here;
     }
     sh.epoch = epoch;
-    sh.consumed = consumed;
-    sh.skip_next = sh.consumed;
+    sh.set_epoch_start(epoch_start);
+    sh.consumed = skip;
+    sh.skip_next = skip;
   }
 
  private:

@@ -57,6 +57,27 @@ TEST(ShardSampler, UnevenAndDropLastModes) {
   EXPECT_EQ(dropping.batches_per_rank(), 1u);
 }
 
+TEST(ShardSampler, EpochStartDealsOnlyTheRestOfTheEpoch) {
+  // 3 positions of a 10-sample epoch were consumed elsewhere; 2 ranks deal positions 3..9,
+  // the tail wrapping around to position 3.
+  std::vector<std::vector<std::vector<int64_t>>> ranks;
+  for (std::size_t rank = 0; rank < 2; ++rank) {
+    ShardSampler s({.dataset_size = 10, .batch_size = 2, .world_size = 2, .rank = rank});
+    s.set_epoch_start(3);
+    EXPECT_EQ(s.samples(), 7u);
+    EXPECT_EQ(s.remainder(), 3u);
+    ranks.push_back(epoch_batches(s));
+  }
+  EXPECT_EQ(ranks[0], (std::vector<std::vector<int64_t>>{{3, 4}, {7, 8}}));
+  EXPECT_EQ(ranks[1], (std::vector<std::vector<int64_t>>{{5, 6}, {9, 3}}));
+  ShardSampler one({.dataset_size = 10, .batch_size = 4, .shuffle = true, .seed = 2});
+  one.set_epoch_start(6);
+  const auto order = one.order(0);
+  EXPECT_EQ(epoch_batches(one), (std::vector<std::vector<int64_t>>{{order[6], order[7], order[8], order[9]}}));
+  one.set_epoch_start(99);
+  EXPECT_EQ(one.batches_per_rank(), 0u) << "past the end: nothing left this epoch";
+}
+
 TEST(ShardSampler, ShuffleDependsOnSeedAndEpochOnly) {
   ShardSampler a({.dataset_size = 50, .batch_size = 5, .shuffle = true, .seed = 1});
   ShardSampler b({.dataset_size = 50, .batch_size = 5, .shuffle = true, .seed = 1});

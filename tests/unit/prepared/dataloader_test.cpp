@@ -86,17 +86,49 @@ TEST(PreparedDataLoader, StateResumesAtTheNextBatch) {
   EXPECT_EQ(index, straight.size());
 }
 
-TEST(PreparedDataLoader, StateFromAnotherShardingIsAnError) {
+TEST(PreparedDataLoader, StateOfAnotherWorldSizeResumesAfterTheSamplesAllRanksConsumed) {
+  auto data = accelerate::testing::regression_data(40);
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  const accelerate::DataLoaderOptions options{.batch_size = 4, .shuffle = true, .seed = 3};
+  auto [reference] = acc.prepare(accelerate::DataLoader(data, options));
+  std::vector<std::vector<torch::Tensor>> epochs(2);  // one process's batches: order positions 4k..4k+3
+  for (auto& epoch : epochs)
+    for (auto& [x, y] : reference) epoch.push_back(x.clone());
+
+  // 2 processes consumed 3 batches each: positions 0..23 of epoch 0's order.
+  for (const bool recorded : {true, false}) {  // states written before samples_consumed existed lack it
+    auto [loader] = acc.prepare(accelerate::DataLoader(data, options));
+    auto state = loader.state_dict();
+    state.values["world_size"] = 2;
+    state.values["batches_consumed"] = 3;
+    if (recorded) state.values["samples_consumed"] = 24;
+    else state.values.erase("samples_consumed");
+    loader.load_state_dict(state);
+    EXPECT_EQ(loader.size(), 4u) << "the rest of the epoch: 16 samples";
+    std::size_t k = 6;
+    for (auto& [x, y] : loader) EXPECT_TRUE(torch::equal(x, epochs[0][k++])) << "batch " << k;
+    EXPECT_EQ(k, epochs[0].size());
+    EXPECT_EQ(loader.size(), 10u) << "later epochs are whole";
+    k = 0;
+    for (auto& [x, y] : loader) EXPECT_TRUE(torch::equal(x, epochs[1][k++]));
+    EXPECT_EQ(k, epochs[1].size());
+  }
+}
+
+TEST(PreparedDataLoader, StateFromAnotherBatchingIsAnError) {
   accelerate::Accelerator<> acc{{.cpu = true}};
   auto [loader] = acc.prepare(accelerate::DataLoader(accelerate::testing::regression_data(40), {.batch_size = 4}));
   auto state = loader.state_dict();
-  state.values["world_size"] = 2;
+  state.values["batch_size"] = 8;
+  state.values["batches_consumed"] = 2;
   try {
     loader.load_state_dict(state);
     FAIL() << "expected an error";
   } catch (const accelerate::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("saved with 2 processes, this run has 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("in batches of 8, this loader has 40 samples in batches of 4"),
+              std::string::npos) << e.what();
   }
+  EXPECT_EQ(loader.batches_consumed(), 0u) << "a refused state changes nothing";
 }
 
 }  // namespace
