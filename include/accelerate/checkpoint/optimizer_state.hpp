@@ -137,14 +137,23 @@ inline void options_from_json(torch::optim::OptimizerOptions& options, const nlo
   }
 }
 
-/// Calls `fn.template operator()<State>()` with the param-state type this optimizer uses.
+/// Calls `fn.template operator()<State>()` with the param-state type of a torch::optim SGD,
+/// Adam, AdamW, RMSprop or Adagrad and returns true; returns false for any other optimizer.
+template <class Fn>
+bool try_with_state_type(const torch::optim::Optimizer& optimizer, Fn&& fn) {
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return fn.template operator()<torch::optim::SGDParamState>(), true;
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return fn.template operator()<torch::optim::AdamParamState>(), true;
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return fn.template operator()<torch::optim::AdamWParamState>(), true;
+  if (dynamic_cast<const torch::optim::RMSprop*>(&optimizer)) return fn.template operator()<torch::optim::RMSpropParamState>(), true;
+  if (dynamic_cast<const torch::optim::Adagrad*>(&optimizer)) return fn.template operator()<torch::optim::AdagradParamState>(), true;
+  return false;
+}
+
+/// Calls `fn.template operator()<State>()` with the param-state type this optimizer uses; an
+/// optimizer without a built-in encoding is an error.
 template <class Fn>
 void with_state_type(const torch::optim::Optimizer& optimizer, Fn&& fn) {
-  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return fn.template operator()<torch::optim::SGDParamState>();
-  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return fn.template operator()<torch::optim::AdamParamState>();
-  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return fn.template operator()<torch::optim::AdamWParamState>();
-  if (dynamic_cast<const torch::optim::RMSprop*>(&optimizer)) return fn.template operator()<torch::optim::RMSpropParamState>();
-  if (dynamic_cast<const torch::optim::Adagrad*>(&optimizer)) return fn.template operator()<torch::optim::AdagradParamState>();
+  if (try_with_state_type(optimizer, std::forward<Fn>(fn))) return;
   accelerate::detail::fail("optimizer state: only torch::optim SGD, Adam, AdamW, RMSprop and Adagrad "
                            "have a built-in checkpoint encoding; give your optimizer state_dict() and "
                            "load_state_dict(const accelerate::StateDict&) members");

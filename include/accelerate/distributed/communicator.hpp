@@ -86,25 +86,23 @@ class Communicator {
                      "tensor of shape ", tensor.sizes(), " does not split into ", world_size_, " equal slices");
     at::Tensor input = tensor.contiguous();
     const Reduction sent = reduction == Reduction::mean ? Reduction::sum : reduction;
-    agree(CollectiveOp::reduce_scatter, &input, static_cast<std::int64_t>(sent));
     std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
     shape[0] /= world_size_;
     at::Tensor output = at::empty(shape, input.options());
-    c10d::ReduceScatterOptions options;
-    options.reduceOp = to_reduce_op(sent);
-    wait(backend_->_reduce_scatter_base(output, input, options), "reduce_scatter");
-    count(stats_.reduce_scatter, input);
+    wait(reduce_scatter_async(input, output, sent), "reduce_scatter");
     if (reduction == Reduction::mean) divide_by_world(output);
     return output;
   }
 
-  /// Starts a sum reduce-scatter of `input` (its length divisible by the world size) into
-  /// `output` (1/world_size of it: rank r receives slice r) and returns its work handle (for
-  /// sharded gradient buckets). Counted under reduce_scatter with its input bytes.
-  compat::WorkPtr reduce_scatter_async(at::Tensor& input, at::Tensor& output) {
-    agree(CollectiveOp::reduce_scatter, &input, static_cast<std::int64_t>(Reduction::sum));
+  /// Starts a reduce-scatter of `input` (its length divisible by the world size) into `output`
+  /// (1/world_size of it: rank r receives slice r) and returns its work handle (sharded
+  /// gradient buckets start one per bucket and wait later). Counted under reduce_scatter with
+  /// its input bytes. A mean is a sum the caller divides (as reduce_scatter does).
+  compat::WorkPtr reduce_scatter_async(at::Tensor& input, at::Tensor& output, Reduction reduction = Reduction::sum) {
+    ACCELERATE_CHECK(reduction != Reduction::mean, "reduce_scatter_async: reduce with sum and divide the result");
+    agree(CollectiveOp::reduce_scatter, &input, static_cast<std::int64_t>(reduction));
     c10d::ReduceScatterOptions options;
-    options.reduceOp = c10d::ReduceOp::SUM;
+    options.reduceOp = to_reduce_op(reduction);
     auto work = backend_->_reduce_scatter_base(output, input, options);
     count(stats_.reduce_scatter, input);
     return work;

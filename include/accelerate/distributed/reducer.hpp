@@ -175,8 +175,6 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// none on any rank).
   const std::vector<ShardPiece>& shard_pieces() const noexcept { return pieces_; }
   const std::vector<at::Tensor>& shard_piece_tensors() const noexcept { return piece_tensors_; }
-  /// Sharded: elements of bucket `bucket` per rank (its padded length / world size).
-  int64_t shard_length(std::size_t bucket) const { return buckets_.at(bucket).padded / comm_->world_size(); }
 
   /// Sharded: after this rank stepped its pieces of bucket `bucket`, every rank's slice to
   /// every rank (one all-gather), so the bucket's parameters are whole and equal everywhere.

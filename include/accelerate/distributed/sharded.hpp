@@ -34,12 +34,10 @@ namespace accelerate::distributed {
 
 /// Whether `optimizer` updates each element from that element's gradient and state alone, so
 /// that stepping a slice equals slicing the step: torch::optim SGD, Adam, AdamW, RMSprop and
-/// Adagrad. (LBFGS's line search, for one, needs the whole gradient.)
+/// Adagrad, the optimizers with a built-in state encoding. (LBFGS's line search, for one,
+/// needs the whole gradient.)
 inline bool steps_elementwise(const torch::optim::Optimizer& optimizer) {
-  return dynamic_cast<const torch::optim::SGD*>(&optimizer) || dynamic_cast<const torch::optim::Adam*>(&optimizer) ||
-         dynamic_cast<const torch::optim::AdamW*>(&optimizer) ||
-         dynamic_cast<const torch::optim::RMSprop*>(&optimizer) ||
-         dynamic_cast<const torch::optim::Adagrad*>(&optimizer);
+  return accelerate::detail::try_with_state_type(optimizer, []<class>() {});
 }
 
 /// ZeRO stage `Stage` (1: optimizer state, 2: and gradients) over `Factory`'s process group.
