@@ -307,8 +307,27 @@ class Accelerator {
   /// Example:
   ///   acc.save_state();                 // automatic naming (ProjectConfiguration)
   ///   acc.save_state("runs/a/state");   // a folder of your choice
-  std::filesystem::path save_state(const std::optional<std::filesystem::path>& dir = std::nullopt) {
+  ///   acc.save_state(std::nullopt, {.asynchronous = true});  // written while training goes on
+  std::filesystem::path save_state(const std::optional<std::filesystem::path>& dir = std::nullopt,
+                                   const SaveStateOptions& options = {}) {
+    auto& background = ctx_.core.background_save;
+    if (options.asynchronous) {
+      if (!background) background = std::make_unique<checkpoint::BackgroundSave>();
+      return checkpoint::save_state_async(state_sources(), ctx_.core.options.project, dir, *background);
+    }
+    wait_for_save();
     return checkpoint::save_state(state_sources(), ctx_.core.options.project, dir);
+  }
+
+  /// Waits until an asynchronous save_state is written and published (every rank: it is
+  /// collective) and raises the error its writer met, naming the file. save_state and
+  /// load_state call it first; the destructor waits without raising.
+  /// Example:
+  ///   acc.save_state(std::nullopt, {.asynchronous = true});
+  ///   ...
+  ///   acc.wait_for_save();   // before reporting the checkpoint as done
+  void wait_for_save() {
+    if (ctx_.core.background_save) ctx_.core.background_save->finish(state_sources());
   }
 
   /// Restores what save_state() wrote; without `dir`, the latest complete automatic checkpoint.
@@ -323,6 +342,7 @@ class Accelerator {
   ///   acc.load_state("runs/a/state", {.allow_configuration_change = true});
   std::filesystem::path load_state(const std::optional<std::filesystem::path>& dir = std::nullopt,
                                    const LoadStateOptions& options = {}) {
+    wait_for_save();
     return checkpoint::load_state(state_sources(), ctx_.core.options.project, dir, options);
   }
 
@@ -642,7 +662,8 @@ class Accelerator {
             num_processes(),
             distributed::writes_replicated_state(ctx_.engine),
             fingerprint(ctx_.core.options),
-            [this] { wait_for_everyone(); }};
+            [this] { wait_for_everyone(); },
+            ctx_.core.options.process_group.timeout};
   }
 
   static const AcceleratorOptions& validated(const AcceleratorOptions& options) {

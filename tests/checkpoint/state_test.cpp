@@ -578,4 +578,46 @@ TEST(CheckpointRegistry, EntriesOwnedByEveryRankGetAFileOfTheirOwnAndLoadBack) {
   EXPECT_TRUE(std::filesystem::exists(dir / "b" / "custom_checkpoint_1_rank0.json"));
 }
 
+// --- asynchronous saves ------------------------------------------------------------------------
+
+TEST(AsyncSave, WritesWhatWasThereWhenCalledAndTheNextCallWaits) {
+  TempDir dir;
+  Trainer run(dir.path());
+  TinyNet net;
+  torch::optim::Adam adam(net->parameters());
+  Counter counter;
+  auto [model, opt] = run.acc.prepare(net, adam);
+  run.acc.register_for_checkpointing(counter);
+  run.acc.backward(model(torch::randn({2, 8})).sum());
+  opt.step();
+  counter.value = 7;
+  const auto saved = flat_parameters(*net);
+  const auto path = run.acc.save_state(std::nullopt, {.asynchronous = true});
+  EXPECT_EQ(path.filename(), "checkpoint_0");
+  {  // training goes on at once, changing what the writer must not see
+    torch::NoGradGuard no_grad;
+    for (auto& p : net->parameters()) p.fill_(-1);
+  }
+  counter.value = 8;
+  // load_state waits for the writer, then reads the complete folder.
+  EXPECT_EQ(run.acc.load_state(), path);
+  EXPECT_TRUE(torch::equal(flat_parameters(*net), saved));
+  EXPECT_EQ(counter.value, 7);
+  for (const auto& entry : std::filesystem::directory_iterator(path))
+    EXPECT_FALSE(entry.path().filename().string().starts_with(".")) << "a marker was published: " << entry.path();
+
+  // The next automatic save is numbered after it; the destructor waits for the last writer.
+  std::filesystem::path last;
+  {
+    Trainer other(dir.path());
+    TinyNet net2;
+    auto [model2] = other.acc.prepare(net2);
+    last = other.acc.save_state(std::nullopt, {.asynchronous = true});
+  }
+  EXPECT_EQ(last.filename(), "checkpoint_1");
+  EXPECT_TRUE(std::filesystem::exists(last / "accelerate_state.json")) << "complete once the accelerator is gone";
+  EXPECT_EQ(ckpt::list_checkpoints(dir / "checkpoints").size(), 2u);
+}
+
+
 }  // namespace

@@ -1,9 +1,10 @@
 // Resuming on another number of processes (LoadStateOptions::allow_world_size_change), with
-// real processes: a checkpoint saved by 2 ranks mid-epoch loads on 1, 3 and 4 ranks and back on
-// 2, for data parallel and ZeRO stages 1 and 2. The model and the optimizer state (assembled
-// from every rank's slices) are exactly the saved ones, the rest of the epoch yields exactly
-// the samples not yet seen, the next epoch is a fresh run's, and the resumed run ends where a
-// run of the new size resuming its own checkpoint does.
+// real processes: a checkpoint saved asynchronously by 2 ranks mid-epoch (training goes on while
+// it is written) loads on 1, 3 and 4 ranks and back on 2, for data parallel and ZeRO stages 1
+// and 2. The checkpoint holds the parameters of the moment of the call; the model and the
+// optimizer state (assembled from every rank's slices) are exactly the saved ones, the rest of
+// the epoch yields exactly the samples not yet seen, the next epoch is a fresh run's, and the
+// resumed run ends where a run of the new size resuming its own checkpoint does.
 #include <accelerate/accelerate.hpp>
 #include <accelerate/distributed/sharded.hpp>
 
@@ -81,10 +82,12 @@ int reshard_phase(const std::string& phase) {
       if (++steps == max_steps) break;
     }
   };
-  if (phase == "first") {
+  if (phase == "first") {  // saved asynchronously: training goes on while the writers run
     train("seen_first", kFirstSteps);
-    acc.save_state(shared / "saved");
-    return 0;
+    save_tensor(job_dir() / ("at_save_rank" + rank + ".bin"), flat_parameters(*net));
+    acc.save_state(shared / "saved", {.asynchronous = true});
+    train("after_save", 2);
+    return 0;  // the accelerator's destructor waits for the writer
   }
   if (phase == "second") {
     acc.load_state(shared / "saved", {.allow_world_size_change = true});
@@ -204,6 +207,13 @@ TEST_P(Reshard, ResumesOnAnotherNumberOfProcessesAndBack) {
   ASSERT_EQ(third.exit_code, 0) << third.logs();
   auto back = job("back", 2);
   ASSERT_EQ(back.exit_code, 0) << back.logs();
+
+  // The asynchronous save holds the parameters of the moment it was called.
+  const auto saved_model = accelerate::checkpoint::SafetensorsFile::open(shared / "saved" / "model.safetensors").tensors();
+  std::vector<at::Tensor> parts;
+  for (const char* key : {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"})
+    parts.push_back(saved_model.at(key).reshape(-1).to(at::kDouble));
+  EXPECT_TRUE(torch::equal(at::cat(parts), load_tensor(first.dir / "at_save_rank0.bin")));
 
   // The state is the saved one, whichever number of processes wrote it.
   expect_same_state(shared / "saved", shared / "resaved");

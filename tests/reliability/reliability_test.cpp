@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <thread>
 
 #include "../support/build_paths.hpp"
+#include "../support/errors.hpp"
 #include "../support/models.hpp"
 #include "../support/multiprocess.hpp"
 #include "../support/temp_dir.hpp"
@@ -195,32 +197,41 @@ TEST(RankFailure, ShardedSurvivorsNameTheRankThatDiedInsideAnAllGather) {
 // --- crash during save -----------------------------------------------------------------------
 
 // Saves checkpoint after checkpoint of a ~16 MB model whose parameters all equal the
-// checkpoint's number, until killed.
+// checkpoint's number, until killed. With "async" in ACCELERATE_TEST_ARGS the saves are
+// asynchronous and the parameters are overwritten as soon as save_state returns (training goes
+// on while the writer runs), so a checkpoint holding anything but its number would show that
+// the writer read live state.
 ACCELERATE_WORKER(save_forever) {
+  const char* args = std::getenv("ACCELERATE_TEST_ARGS");
+  const bool async = args && std::string(args).find("async") != std::string::npos;
   accelerate::Accelerator<> acc{{.cpu = true,
                                  .project = {.project_dir = accelerate::testing::job_dir(),
                                              .automatic_checkpoint_naming = true, .total_limit = 3}}};
   accelerate::testing::TinyNet net(1024, 4096, 4);
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.5));
   auto [model, opt] = acc.prepare(net, sgd);
+  auto fill = [&](double value) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : net->parameters()) p.fill_(value);
+  };
   for (;;) {
-    const auto n = static_cast<double>(acc.project_configuration().iteration);
-    {
-      torch::NoGradGuard no_grad;
-      for (auto& p : net->parameters()) p.fill_(n);
-    }
-    acc.save_state();
+    fill(static_cast<double>(acc.project_configuration().iteration));
+    acc.save_state(std::nullopt, {.asynchronous = async});
+    if (async) fill(-1.0);
   }
 }
 
-TEST(CrashDuringSave, TheLatestCompleteCheckpointAlwaysLoadsAndIsIntact) {
+// SIGKILL at 20 random moments of a save loop: the latest complete checkpoint always loads
+// and holds its own number, as does every folder named like a checkpoint.
+void expect_crashes_never_cost_a_checkpoint(const std::string& mode) {
   auto engine = random_engine();
   std::uniform_int_distribution<int> delay_ms(150, 1500);
   int killed_mid_save = 0;
   for (int trial = 0; trial < 20; ++trial) {
     TempDir dir;
     const auto p = spawn({"/proc/self/exe"},
-                         {{"ACCELERATE_TEST_WORKER", "save_forever"}, {"ACCELERATE_TEST_DIR", dir.path().string()}},
+                         {{"ACCELERATE_TEST_WORKER", "save_forever"}, {"ACCELERATE_TEST_DIR", dir.path().string()},
+                          {"ACCELERATE_TEST_ARGS", mode}},
                          dir / "worker.log");
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(engine)));
     ::kill(p.pid, SIGKILL);
@@ -250,8 +261,63 @@ TEST(CrashDuringSave, TheLatestCompleteCheckpointAlwaysLoadsAndIsIntact) {
       EXPECT_EQ(net->fc1->weight[0][0].item<double>(), static_cast<double>(*number)) << entry.path();
     }
   }
-  std::cout << "killed in the middle of a save in " << killed_mid_save << " of 20 trials" << std::endl;
+  std::cout << "killed in the middle of a " << mode << " save in " << killed_mid_save << " of 20 trials" << std::endl;
   EXPECT_GT(killed_mid_save, 0) << "the kills should land inside save_state at least sometimes";
+}
+
+TEST(CrashDuringSave, TheLatestCompleteCheckpointAlwaysLoadsAndIsIntact) {
+  expect_crashes_never_cost_a_checkpoint("sync");
+}
+
+TEST(CrashDuringSave, AsynchronousSavesToo) { expect_crashes_never_cost_a_checkpoint("async"); }
+
+// A full disk during an asynchronous write (a file-size limit stands in for it: writes past
+// 1 MB fail with EFBIG): the next call raises the writer's error naming the file, the failed
+// checkpoint never appears, and the previous one loads intact.
+ACCELERATE_WORKER(async_save_disk_full) {
+  accelerate::Accelerator<> acc{{.cpu = true,
+                                 .project = {.project_dir = accelerate::testing::job_dir(),
+                                             .automatic_checkpoint_naming = true}}};
+  accelerate::testing::TinyNet net(1024, 4096, 4);  // a 16.8 MB weight
+  auto [model] = acc.prepare(net);
+  auto fill = [&](double value) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : net->parameters()) p.fill_(value);
+  };
+  fill(1);
+  acc.save_state();  // checkpoint_0, complete
+  fill(2);
+  ::signal(SIGXFSZ, SIG_IGN);
+  rlimit limit{};
+  ::getrlimit(RLIMIT_FSIZE, &limit);
+  const rlimit full{1 << 20, limit.rlim_max};
+  ::setrlimit(RLIMIT_FSIZE, &full);
+  acc.save_state(std::nullopt, {.asynchronous = true});  // checkpoint_1: its writer fails
+  std::string problems;
+  const auto error = accelerate::testing::error_of([&] { acc.save_state(); });
+  ::setrlimit(RLIMIT_FSIZE, &limit);
+  std::cerr << "the next call said: " << error << "\n";
+  for (const char* part : {"save_state (asynchronous) of", "checkpoint_1", "model.safetensors", "File too large"})
+    if (error.find(part) == std::string::npos) problems += std::string("the error does not name '") + part + "'; ";
+  const auto complete = accelerate::checkpoint::list_checkpoints(accelerate::testing::job_dir() / "checkpoints");
+  if (complete.size() != 1 || complete[0].first != 0) problems += "checkpoint_0 should be the only complete one; ";
+  fill(5);
+  acc.load_state();
+  for (const auto& p : net->parameters())
+    if (!torch::equal(p, torch::full_like(p, 1.0))) problems += "checkpoint_0 did not load intact; ";
+  std::cerr << problems << "\n";
+  return problems.empty() ? 0 : 3;
+}
+
+TEST(CrashDuringSave, AFullDiskDuringAnAsynchronousSaveIsReportedAndCostsNothing) {
+  TempDir dir;
+  const auto p = spawn({"/proc/self/exe"},
+                       {{"ACCELERATE_TEST_WORKER", "async_save_disk_full"}, {"ACCELERATE_TEST_DIR", dir.path().string()}},
+                       dir / "worker.log");
+  const int code = wait_for(p, 120s);
+  std::ifstream log(dir / "worker.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(code, 0) << text;
 }
 
 // Replaces a sharded model (2 shards of ~16 MB and the index) in one folder, over and over,

@@ -17,14 +17,20 @@
 #include <ATen/core/Generator.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <iostream>
+#include <iterator>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -210,6 +216,18 @@ inline void load_rng_state(const StateDict& state, const std::string& file) {
 
 namespace accelerate {
 
+/// How save_state writes.
+/// Example:
+///   acc.save_state(std::nullopt, {.asynchronous = true});   // returns once the state is copied
+struct SaveStateOptions {
+  /// Copy the state to host memory (pinned for CUDA tensors), return, and write the folder in a
+  /// background thread while training goes on. The next save_state, load_state,
+  /// wait_for_save() or the accelerator's destructor waits for it, and the next of those
+  /// calls raises an error the writer met, naming the file. The folder appears only once
+  /// complete, as with a synchronous save, and rotation only follows a published checkpoint.
+  bool asynchronous = false;
+};
+
 /// How load_state resumes.
 /// Example:
 ///   acc.load_state("runs/a/state", {.allow_configuration_change = true});  // e.g. now in bf16
@@ -243,6 +261,8 @@ struct StateSources {
   bool writes_replicated_state;
   std::string configuration;  // compile-time fingerprint
   std::function<void()> barrier;
+  /// How long an asynchronous save's main process waits for the other ranks' files.
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
 };
 
 /// The folder save_state() writes: `dir` when given, else the next automatic checkpoint. The
@@ -260,16 +280,60 @@ inline std::filesystem::path state_target(ProjectConfiguration& project,
   return base / ("checkpoint_" + std::to_string(project.iteration));
 }
 
-/// Writes every object's state into a staging folder, then (main process) the manifest, and
-/// publishes the folder atomically; rotates old automatic checkpoints after that, so a crash
-/// never costs a complete checkpoint. Collective: every rank calls it.
-inline std::filesystem::path save_state(const StateSources& src, ProjectConfiguration& project,
-                                        const std::optional<std::filesystem::path>& dir) {
+/// One rank's part of a checkpoint, taken when save_state is called: the files it writes and,
+/// for the main rank, what the manifest records and whether to rotate afterwards.
+struct SavePlan {
+  struct File {
+    std::string stem;
+    StateDict state;
+    std::map<std::string, std::string> metadata;
+  };
+  std::filesystem::path target;
+  int rank = 0;
+  int world_size = 1;
+  std::vector<File> files;
+  nlohmann::json manifest;  // everything but "files" (main rank)
+  std::string save_id;      // the same on every rank: tells this save's manifest from an older one
+  std::optional<std::filesystem::path> rotate_under;  // automatic checkpoints: rotate there
+  std::optional<std::size_t> total_limit;
+  std::vector<at::Tensor> host_copies;  // the tensors copied to host memory, in the order taken
+};
+
+/// Marker files of an asynchronous save inside the staging folder (hidden; never published).
+inline std::filesystem::path save_marker(const std::filesystem::path& staging, const std::string& what, int rank) {
+  return staging / (".rank" + std::to_string(rank) + "." + what);
+}
+inline constexpr const char* save_id_marker = ".save_id";
+
+/// A copy of `t` in host memory (pinned for a CUDA tensor, so the copy is a fast DMA), which
+/// training can no longer change; into `spare` when it has t's shape and dtype (a buffer of
+/// the previous asynchronous save, whose pages are already mapped, and pinned).
+inline at::Tensor host_copy(const at::Tensor& t, const at::Tensor& spare = {}) {
+  if (!t.defined()) return t;
+  const at::Tensor source = t.detach();
+  const bool fits = spare.defined() && spare.sizes() == source.sizes() && spare.dtype() == source.dtype() &&
+                    spare.is_contiguous();
+  at::Tensor host = fits ? spare
+                         : at::empty(source.sizes(), source.options().device(at::kCPU).pinned_memory(source.is_cuda()));
+  host.copy_(source);
+  return host;
+}
+
+/// Starts a save (collective): picks the folder, makes its staging folder (main process) with
+/// the save's id, and takes every object's state. With `copy`, tensors are copied to host
+/// memory (an asynchronous save writes them while training changes the originals), reusing
+/// `spares` (the previous plan's host_copies, in the same order) where they fit.
+inline SavePlan plan_save(const StateSources& src, ProjectConfiguration& project,
+                          const std::optional<std::filesystem::path>& dir, bool copy,
+                          const std::vector<at::Tensor>& spares = {}) {
   namespace fs = std::filesystem;
-  const fs::path target = state_target(project, dir);
-  const bool main = src.rank == 0;
-  if (main) {
-    const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  SavePlan plan;
+  plan.target = state_target(project, dir);
+  plan.rank = src.rank;
+  plan.world_size = src.world_size;
+  const fs::path staging = staging_path(plan.target);
+  if (src.rank == 0) {
+    const fs::path parent = plan.target.parent_path().empty() ? fs::path(".") : plan.target.parent_path();
     fs::create_directories(parent);
     if (!dir) {  // leftovers of saves or rotations a crash interrupted
       std::error_code ec;
@@ -279,13 +343,30 @@ inline std::filesystem::path save_state(const StateSources& src, ProjectConfigur
           fs::remove_all(entry.path(), ec);
       }
     }
-    begin_staging(target);
+    begin_staging(plan.target);
+    std::random_device entropy;
+    const auto id = (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy();
+    std::ofstream(staging / save_id_marker) << id;
   }
   src.barrier();
-  const fs::path staging = staging_path(target);
+  {
+    std::ifstream in(staging / save_id_marker);
+    in >> plan.save_id;
+    ACCELERATE_CHECK(!plan.save_id.empty(), "save_state: ", (staging / save_id_marker).string(), " is missing "
+                     "(the checkpoint folder must be on a file system every rank sees)");
+  }
 
   // Objects and the scaler get a file each, written by the ranks that own them; this rank's
   // own step states (the micro-step counter) join its RNGs in random_states_<rank>.
+  auto taken = [&](StateDict state) {
+    if (!copy) return state;
+    for (auto& [key, t] : state.tensors) {
+      const std::size_t k = plan.host_copies.size();
+      t = host_copy(t, k < spares.size() ? spares[k] : at::Tensor());
+      plan.host_copies.push_back(t);
+    }
+    return state;
+  };
   std::map<Entry::Kind, std::size_t> counts;
   StateDict per_rank = rng_state();
   for (const auto* list : {&src.registry->objects(), &src.registry->step_states()}) {
@@ -297,48 +378,200 @@ inline std::filesystem::path save_state(const StateSources& src, ProjectConfigur
       }
       if (entry.owner == EntryOwner::main_rank && !src.writes_replicated_state) continue;
       const bool model = entry.kind == Entry::Kind::model;
-      write_state_files(staging, entry_stem(entry, index, src.rank), entry.save(),
-                        model ? std::map<std::string, std::string>{{"format", "pt"}}
-                              : std::map<std::string, std::string>{});
+      plan.files.push_back({entry_stem(entry, index, src.rank), taken(entry.save()),
+                            model ? std::map<std::string, std::string>{{"format", "pt"}}
+                                  : std::map<std::string, std::string>{}});
     }
   }
-  write_state_files(staging, "random_states_" + std::to_string(src.rank), per_rank);
-  src.barrier();
+  plan.files.push_back({"random_states_" + std::to_string(src.rank), std::move(per_rank), {}});
 
-  if (main) {
-    // Sizes and checksums: a truncated file, or one swapped in from another checkpoint of the
-    // same shapes, is refused by load_state.
-    nlohmann::json files = nlohmann::json::object();
-    for (const auto& file : fs::directory_iterator(staging))
-      files[file.path().filename().string()] = {{"bytes", fs::file_size(file.path())},
-                                                {"checksum", file_checksum(file.path(), "save_state")}};
-    nlohmann::json objects = nlohmann::json::object();
-    for (const auto& [kind, n] : counts)
-      if (!is_step_state(kind)) objects[kind_name(kind)] = n;
-    write_json_file(staging / std::string(manifest_name),
-                    {{"format", state_format},
-                     {"library", std::string("accelerate-cpp ") + version_string},
-                     {"world_size", src.world_size},
-                     {"configuration", src.configuration},
-                     {"objects", objects},
-                     {"files", files}});
-    commit_staging(target);
-    if (!dir && project.total_limit) {
-      // Renamed out of sight first: a crash while deleting must not leave a partial folder
-      // that still looks like a checkpoint.
-      auto complete = list_checkpoints(project.project_dir / "checkpoints");
-      for (std::size_t i = 0; i + *project.total_limit < complete.size(); ++i) {
-        const auto& old = complete[i].second;
-        const auto doomed = old.parent_path() / ("." + old.filename().string() + ".deleting");
-        std::error_code ec;
-        fs::remove_all(doomed, ec);
-        fs::rename(old, doomed);
-        fs::remove_all(doomed, ec);
-      }
+  nlohmann::json objects = nlohmann::json::object();
+  for (const auto& [kind, n] : counts)
+    if (!is_step_state(kind)) objects[kind_name(kind)] = n;
+  plan.manifest = {{"format", state_format},
+                   {"library", std::string("accelerate-cpp ") + version_string},
+                   {"world_size", src.world_size},
+                   {"configuration", src.configuration},
+                   {"objects", objects},
+                   {"save_id", plan.save_id}};
+  if (!dir && project.total_limit) {
+    plan.rotate_under = project.project_dir / "checkpoints";
+    plan.total_limit = project.total_limit;
+  }
+  ++project.iteration;
+  return plan;
+}
+
+/// Writes this rank's files of `plan` into the staging folder, each fsynced.
+inline void write_planned_files(const SavePlan& plan) {
+  const auto staging = staging_path(plan.target);
+  for (const auto& file : plan.files) write_state_files(staging, file.stem, file.state, file.metadata);
+}
+
+/// Main process, once every rank's files are in: the manifest (with every file's size and
+/// checksum, so a truncated file or one swapped in from another checkpoint of the same shapes
+/// is refused by load_state), the atomic publication, then rotation of old automatic
+/// checkpoints, so a crash never costs a complete checkpoint.
+inline void publish_plan(const SavePlan& plan) {
+  namespace fs = std::filesystem;
+  const auto staging = staging_path(plan.target);
+  std::error_code ec;
+  fs::remove(staging / save_id_marker, ec);
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& file : fs::directory_iterator(staging)) {
+    const auto name = file.path().filename().string();
+    if (name.starts_with(".")) continue;  // markers of an asynchronous save
+    files[name] = {{"bytes", fs::file_size(file.path())}, {"checksum", file_checksum(file.path(), "save_state")}};
+  }
+  nlohmann::json manifest = plan.manifest;
+  manifest["files"] = std::move(files);
+  write_json_file(staging / std::string(manifest_name), manifest);
+  commit_staging(plan.target);
+  if (plan.rotate_under) {
+    // Renamed out of sight first: a crash while deleting must not leave a partial folder
+    // that still looks like a checkpoint.
+    auto complete = list_checkpoints(*plan.rotate_under);
+    for (std::size_t i = 0; i + *plan.total_limit < complete.size(); ++i) {
+      const auto& old = complete[i].second;
+      const auto doomed = old.parent_path() / ("." + old.filename().string() + ".deleting");
+      fs::remove_all(doomed, ec);
+      fs::rename(old, doomed);
+      fs::remove_all(doomed, ec);
     }
   }
+}
+
+/// Writes every object's state into a staging folder, then (main process) the manifest, and
+/// publishes the folder atomically; rotates old automatic checkpoints after that. Collective:
+/// every rank calls it.
+inline std::filesystem::path save_state(const StateSources& src, ProjectConfiguration& project,
+                                        const std::optional<std::filesystem::path>& dir) {
+  const SavePlan plan = plan_save(src, project, dir, /*copy=*/false);
+  write_planned_files(plan);
   src.barrier();
-  ++project.iteration;
+  if (src.rank == 0) publish_plan(plan);
+  src.barrier();
+  return plan.target;
+}
+
+/// An asynchronous save in flight: this rank's writer thread. The main process's writer waits
+/// for every rank's files (marker files in the staging folder, so no collective runs off the
+/// training thread), then publishes as a synchronous save does. finish() is collective.
+/// Example (what the accelerator does):
+///   background.start(plan_save(src, project, dir, /*copy=*/true), timeout);   // returns at once
+///   ...training...
+///   background.finish(src);   // next save_state/load_state: waits, raises the writer's error
+class BackgroundSave {
+ public:
+  BackgroundSave() = default;
+  BackgroundSave(const BackgroundSave&) = delete;
+  BackgroundSave& operator=(const BackgroundSave&) = delete;
+  /// Waits for the writer; an error it met is printed (a destructor cannot raise it).
+  ~BackgroundSave() {
+    if (!thread_.joinable()) return;
+    thread_.join();
+    if (!error_.empty())
+      std::cerr << "accelerate: the asynchronous save_state of " << target_.string() << " failed: " << error_ << std::endl;
+  }
+
+  /// Whether a save was started and not finished yet.
+  bool pending() const noexcept { return thread_.joinable(); }
+
+  /// The host copies of the last save, for the next one to copy into once this one is
+  /// finished: mapping (and, for CUDA, pinning) fresh memory every save would cost about as
+  /// much as the copy itself (bench/README.md). They stay allocated between saves.
+  const std::vector<at::Tensor>& spares() const noexcept { return spares_; }
+
+  /// Writes `plan` in a background thread; the main process then waits at most `timeout` for
+  /// the other ranks' files.
+  void start(SavePlan plan, std::chrono::milliseconds timeout) {
+    ACCELERATE_CHECK(!pending(), "save_state: the previous asynchronous save was not finished");
+    target_ = plan.target;
+    save_id_ = plan.save_id;
+    spares_ = plan.host_copies;
+    error_.clear();
+    thread_ = std::thread([this, plan = std::move(plan), timeout] { error_ = write(plan, timeout); });
+  }
+
+  /// Waits for this rank's writer, then for every rank's (collective), and raises an error
+  /// when this rank's writer failed or the checkpoint was not published.
+  void finish(const StateSources& src) {
+    if (!pending()) return;
+    thread_.join();
+    src.barrier();  // every rank's writer is done, the main process's publication included
+    const std::string error = std::exchange(error_, {});
+    ACCELERATE_CHECK(error.empty(), "save_state (asynchronous) of ", target_.string(), " failed: ", error);
+    ACCELERATE_CHECK(published(), "save_state (asynchronous): ", target_.string(), " was not completed: "
+                     "another rank's writer failed (its error names the file); the previous checkpoint is intact");
+  }
+
+ private:
+  // The writer: this rank's files, then its marker; the main process waits for every rank's
+  // marker and publishes. Returns the error met (empty when fine).
+  static std::string write(const SavePlan& plan, std::chrono::milliseconds timeout) {
+    namespace fs = std::filesystem;
+    const auto staging = staging_path(plan.target);
+    try {
+      write_planned_files(plan);
+      if (plan.rank != 0) {
+        std::ofstream(save_marker(staging, "done", plan.rank)) << "done\n";
+        return {};
+      }
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      for (int r = 1; r < plan.world_size; ++r) {
+        for (;;) {
+          std::error_code ec;
+          if (fs::exists(save_marker(staging, "done", r), ec)) break;
+          if (fs::exists(save_marker(staging, "failed", r), ec)) {
+            std::ifstream in(save_marker(staging, "failed", r));
+            std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+            accelerate::detail::fail("rank ", r, "'s writer failed: ", message);
+          }
+          ACCELERATE_CHECK(std::chrono::steady_clock::now() < deadline, "rank ", r, " did not finish writing its "
+                           "files into ", staging.string(), " within ", timeout.count(), " ms");
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+      }
+      std::error_code ec;
+      for (int r = 1; r < plan.world_size; ++r) fs::remove(save_marker(staging, "done", r), ec);
+      publish_plan(plan);
+      return {};
+    } catch (const std::exception& e) {
+      if (plan.rank != 0) {
+        std::ofstream failed(save_marker(staging, "failed", plan.rank));
+        failed << e.what();
+      }
+      return e.what();
+    }
+  }
+
+  // Whether the target's manifest is this save's.
+  bool published() const {
+    std::ifstream in(target_ / std::string(manifest_name));
+    if (!in) return false;
+    try {
+      return nlohmann::json::parse(in).value("save_id", std::string()) == save_id_;
+    } catch (const nlohmann::json::exception&) {
+      return false;
+    }
+  }
+
+  std::thread thread_;
+  std::string error_;  // written by the writer, read after join()
+  std::filesystem::path target_;
+  std::string save_id_;
+  std::vector<at::Tensor> spares_;
+};
+
+/// save_state with SaveStateOptions::asynchronous: finishes the previous asynchronous save,
+/// takes the state (tensors copied to host memory), and returns while `background` writes it.
+inline std::filesystem::path save_state_async(const StateSources& src, ProjectConfiguration& project,
+                                              const std::optional<std::filesystem::path>& dir,
+                                              BackgroundSave& background) {
+  background.finish(src);
+  SavePlan plan = plan_save(src, project, dir, /*copy=*/true, background.spares());
+  auto target = plan.target;
+  background.start(std::move(plan), src.timeout);
   return target;
 }
 

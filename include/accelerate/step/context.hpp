@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <vector>
 
 #include <c10/core/Device.h>
 
 #include <accelerate/checkpoint/registry.hpp>
+#include <accelerate/checkpoint/state.hpp>
 #include <accelerate/distributed/engine.hpp>
 #include <accelerate/gradient_state.hpp>
 #include <accelerate/options.hpp>
@@ -32,6 +34,8 @@ struct CoreState {
   bool trigger = false;                    // set_trigger()/check_trigger()
   std::uint64_t losses_checked = 0;        // backward() calls under check_finite_loss
   std::vector<AnyTracker> trackers;        // main process only
+  // The asynchronous save in flight, made at the first one (its destructor waits for it).
+  std::unique_ptr<checkpoint::BackgroundSave> background_save;
 };
 
 }  // namespace detail
