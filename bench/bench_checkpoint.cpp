@@ -13,19 +13,11 @@
 #include <filesystem>
 #include <vector>
 
+#include "large_model.hpp"
+
 namespace {
 
-struct LargeImpl : torch::nn::Module {
-  LargeImpl() {
-    for (int i = 0; i < 6; ++i) layers.push_back(register_module("layer" + std::to_string(i), torch::nn::Linear(2048, 2048)));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    for (auto& l : layers) x = torch::relu(l(x));
-    return x;
-  }
-  std::vector<torch::nn::Linear> layers;
-};
-TORCH_MODULE(Large);
+using accelerate::bench::Large;
 
 std::filesystem::path scratch() {
   const char* dir = std::getenv("ACCELERATE_BENCH_DIR");

@@ -24,6 +24,8 @@ echo "== compile cost of a trainer: <torch/torch.h> alone vs the umbrella header
 bench/compile/measure.py 3 --out "$out/compile.json"
 echo "== data parallel against ZeRO stages 1 and 2 (memory, bytes, step time)"
 bench/zero.sh "$build" 2 | tee "$out/zero.txt"
+echo "== load_state of a resharded checkpoint (2 processes -> 1) against a same-size one"
+bench/reshard.sh "$build" "$out/reshard.json"
 echo "== Python Accelerate and PyTorch DDP"
 bench/compare_python.sh "$build" 5 | tee "$out/compare_python.txt"
 .venv/bin/python bench/summarize.py "$out"

@@ -37,6 +37,7 @@
 #include <accelerate/data/shard_sampler.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/diagnostics.hpp>
+#include <accelerate/detail/env.hpp>
 #include <accelerate/detail/malloc_tuning.hpp>
 #include <accelerate/detail/type_name.hpp>
 #include <accelerate/distributed/collectives.hpp>
@@ -343,7 +344,11 @@ class Accelerator {
   std::filesystem::path load_state(const std::optional<std::filesystem::path>& dir = std::nullopt,
                                    const LoadStateOptions& options = {}) {
     wait_for_save();
-    return checkpoint::load_state(state_sources(), ctx_.core.options.project, dir, options);
+    LoadStateOptions effective = options;
+    // Set by an elastic launcher (accelerate::launch --min-nproc): restarts may have fewer ranks.
+    if (detail::env_string("ACCELERATE_ALLOW_WORLD_SIZE_CHANGE").value_or("0") == "1")
+      effective.allow_world_size_change = true;
+    return checkpoint::load_state(state_sources(), ctx_.core.options.project, dir, effective);
   }
 
   /// Writes a model's parameters and buffers (unwrapped names) as Hugging Face safetensors

@@ -12,6 +12,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <map>
+#include <set>
 #include <chrono>
 #include <fstream>
 #include <random>
@@ -390,6 +393,86 @@ TEST(KillAndResume, FinishesWithTheModelOfAnUninterruptedRun) {
     ASSERT_EQ(wait_for(resumed, 120s), 0) << read_file(resumed.log);
     EXPECT_TRUE(read_file(out / "model" / "model.safetensors") == expected) << "trial " << trial;
   }
+}
+
+// --- elastic restart ---------------------------------------------------------------------------
+
+// "epoch step index" lines a trainer run logged (--log-samples), from every rank of one attempt.
+std::vector<std::array<int64_t, 3>> logged_samples(const std::filesystem::path& out, int ranks, int attempt) {
+  std::vector<std::array<int64_t, 3>> lines;
+  for (int r = 0; r < ranks; ++r) {
+    std::ifstream in(out / ("seen_rank" + std::to_string(r) + "_attempt" + std::to_string(attempt) + ".txt"));
+    for (std::array<int64_t, 3> line{}; in >> line[0] >> line[1] >> line[2];) lines.push_back(line);
+  }
+  return lines;
+}
+
+// 3 ranks, 96 samples in batches of 8: 4 steps per epoch (6 on 2 ranks), a checkpoint every 2
+// steps. Rank 1 dies at step 7, mid-epoch 1, after the checkpoint of step 6 (48 of the epoch's
+// samples consumed). The launcher restarts the job once on the 2 survivors, which reshard that
+// checkpoint and finish at step 15, the end of epoch 2.
+TEST(ElasticRestart, ALostRankRestartsTheJobOnTheSurvivorsFromItsLastCheckpoint) {
+  TempDir dir;
+  const std::vector<std::string> common = {"--samples", "96", "--checkpoint-every", "2", "--log-samples"};
+  auto with = [&](const std::vector<std::string>& extra) { return trainer(common, extra); };
+  const auto out = dir / "elastic";
+  const auto elastic = spawn(with({"--nproc", "3", "--max-restarts", "1", "--min-nproc", "2", "--steps", "15",
+                                   "--die-rank", "1", "--die-step", "6", "--out", out.string(), "--project",
+                                   (out / "project").string()}),
+                             {}, dir / "elastic.log");
+  ASSERT_EQ(wait_for(elastic, 180s), 0) << read_file(elastic.log);
+  const auto log = read_file(elastic.log);
+  EXPECT_NE(log.find("rank 1 (pid"), std::string::npos) << log;
+  EXPECT_NE(log.find("restart 1 of 1 with 2 process(es)"), std::string::npos) << log;
+
+  // Every sample of every epoch once: the first attempt's steps up to the checkpoint, then the
+  // second attempt's (the step the first attempt died in is redone).
+  std::map<int64_t, std::multiset<int64_t>> epochs;
+  for (const auto& [epoch, step, index] : logged_samples(out, 3, 0))
+    if (step <= 6) epochs[epoch].insert(index);
+  const auto second = logged_samples(out, 2, 1);
+  ASSERT_FALSE(second.empty());
+  for (const auto& [epoch, step, index] : second) {
+    EXPECT_GT(step, 6);
+    epochs[epoch].insert(index);
+  }
+  ASSERT_EQ(epochs.size(), 3u);
+  for (const auto& [epoch, seen] : epochs) {
+    EXPECT_EQ(seen.size(), 96u) << "epoch " << epoch;
+    for (int64_t i = 0; i < 96; ++i) EXPECT_EQ(seen.count(i), 1u) << "epoch " << epoch << " sample " << i;
+  }
+
+  // The model of a run that stops at that checkpoint on 3 ranks and resumes it on 2.
+  const auto project = (dir / "reference_project").string();
+  const auto first = spawn(with({"--nproc", "3", "--steps", "6", "--out", (dir / "first").string(), "--project", project}),
+                           {}, dir / "first.log");
+  ASSERT_EQ(wait_for(first, 120s), 0) << read_file(first.log);
+  const auto refused = spawn(with({"--nproc", "2", "--steps", "15", "--out", (dir / "refused").string(), "--project",
+                                   project}),
+                             {}, dir / "refused.log");
+  EXPECT_NE(wait_for(refused, 120s), 0) << "a change of world size must be asked for";
+  EXPECT_NE(read_file(refused.log).find("allow_world_size_change"), std::string::npos) << read_file(refused.log);
+  const auto resumed = spawn(with({"--nproc", "2", "--steps", "15", "--out", (dir / "reference").string(), "--project",
+                                   project}),
+                             {{"ACCELERATE_ALLOW_WORLD_SIZE_CHANGE", "1"}}, dir / "reference.log");
+  ASSERT_EQ(wait_for(resumed, 120s), 0) << read_file(resumed.log);
+  const auto expected = read_file(dir / "reference" / "model" / "model.safetensors");
+  ASSERT_FALSE(expected.empty());
+  EXPECT_TRUE(read_file(out / "model" / "model.safetensors") == expected);
+}
+
+// Without --min-nproc a restart runs every rank again, as torchrun's does.
+TEST(ElasticRestart, WithoutAMinimumTheJobRestartsWithAllItsRanks) {
+  TempDir dir;
+  const auto out = dir / "job";
+  const auto job = spawn(trainer({"--nproc", "2", "--max-restarts", "3", "--steps", "12", "--checkpoint-every", "4",
+                                  "--die-rank", "1", "--die-step", "6", "--out", out.string(), "--project",
+                                  (out / "project").string()}),
+                         {}, dir / "job.log");
+  EXPECT_EQ(wait_for(job, 120s), 0) << read_file(job.log);
+  EXPECT_NE(read_file(job.log).find("restart 1 of 3 with 2 process(es)"), std::string::npos) << read_file(job.log);
+  EXPECT_EQ(read_file(job.log).find("restart 2 of 3"), std::string::npos) << read_file(job.log);
+  EXPECT_TRUE(std::filesystem::exists(out / "model" / "model.safetensors"));
 }
 
 // --- preemption ------------------------------------------------------------------------------

@@ -5,6 +5,9 @@
 //           [--die-rank R --die-step S --die-how kill|abort --die-before backward|step]
 //           [--zero 1|2]   (sharded data parallel, Zero<Gloo, N>, instead of Gloo)
 //           [--project DIR --checkpoint-every K] [--preemptible]
+//           [--samples N]   (dataset size; default 128 per process)
+//           [--log-samples] (DIR/seen_rank<r>_attempt<k>.txt: "epoch step index" per sample)
+// The --die-* flags act only in a job's first attempt (ACCELERATE_RESTART_COUNT unset or 0).
 // Writes DIR/model/model.safetensors (rank 0) when it completes all steps, and
 // DIR/preempted when it stopped for a preemption signal after saving its state.
 #include <accelerate/accelerate.hpp>
@@ -51,7 +54,24 @@ struct Args {
   std::string project;
   int checkpoint_every = 0;
   bool preemptible = false;
+  int64_t samples = 0;
+  bool log_samples = false;
 };
+
+// Samples that carry their index, so a rank can log what it was dealt.
+struct IndexedData {
+  at::Tensor x, y;
+  std::size_t size() const { return static_cast<std::size_t>(x.size(0)); }
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> get_batch(c10::ArrayRef<int64_t> indices) const {
+    const auto i = at::tensor(std::vector<int64_t>(indices.begin(), indices.end()));
+    return {x.index_select(0, i), y.index_select(0, i), i};
+  }
+};
+
+int restart_count() {
+  const char* count = std::getenv("ACCELERATE_RESTART_COUNT");
+  return count ? std::atoi(count) : 0;
+}
 
 void die(const Args& a) {
   std::cerr << "trainer: rank " << a.die_rank << " dies (" << a.die_how << ") at step " << a.die_step << " before "
@@ -75,17 +95,27 @@ int train(const Args& a) {
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   const auto world = static_cast<int64_t>(acc.num_processes());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(77);
-  auto x = torch::randn({16 * 8 * world, 16}, gen);
-  auto data = accelerate::data::TensorDataset(x, x.narrow(1, 0, 4).sin());
+  auto x = torch::randn({a.samples > 0 ? a.samples : 16 * 8 * world, 16}, gen);
+  IndexedData data{x, x.narrow(1, 0, 4).sin()};
   auto [model, opt, loader] = acc.prepare(net, sgd, accelerate::DataLoader(data, {.batch_size = 8, .shuffle = true}));
+  std::ofstream seen;
+  if (a.log_samples)
+    seen.open(a.out / ("seen_rank" + std::to_string(acc.process_index()) + "_attempt" +
+                       std::to_string(restart_count()) + ".txt"));
   Counters counters;
   acc.register_for_checkpointing(counters);
   if (!a.project.empty() && !accelerate::checkpoint::list_checkpoints(std::filesystem::path(a.project) / "checkpoints").empty())
     acc.load_state();
 
   while (counters.optimizer_steps < a.steps) {
-    for (auto& [bx, by] : loader) {
-      const bool dies = acc.process_index() == a.die_rank && counters.optimizer_steps == a.die_step;
+    for (auto& [bx, by, bi] : loader) {
+      if (seen.is_open()) {
+        for (int64_t i = 0; i < bi.numel(); ++i)
+          seen << loader.epoch() << " " << counters.optimizer_steps + 1 << " " << bi[i].template item<int64_t>() << "\n";
+        seen.flush();
+      }
+      const bool dies = acc.process_index() == a.die_rank && counters.optimizer_steps == a.die_step &&
+                        restart_count() == 0;
       if (dies && a.die_before == "backward") die(a);
       opt.zero_grad();
       acc.backward(torch::mse_loss(model(bx), by));
@@ -129,6 +159,8 @@ int main(int argc, char** argv) {
       else if (flag == "--project") a.project = value();
       else if (flag == "--checkpoint-every") a.checkpoint_every = std::stoi(value());
       else if (flag == "--preemptible") a.preemptible = true;
+      else if (flag == "--samples") a.samples = std::stoll(value());
+      else if (flag == "--log-samples") a.log_samples = true;
       else {
         std::cerr << "trainer: unknown flag " << flag << "\n";
         return 2;

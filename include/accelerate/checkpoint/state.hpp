@@ -239,7 +239,8 @@ struct LoadStateOptions {
   /// naming both. Replicated state loads as it is; each rank's own state is re-cut (a sharded
   /// optimizer's slices); ranks the checkpoint has no RNG state for derive one
   /// (derived_rng_state); dataloaders skip the samples all ranks consumed and deal the rest of
-  /// the epoch over the new ranks. The micro-step counter is rank 0's.
+  /// the epoch over the new ranks. The micro-step counter is rank 0's. Accelerator::load_state
+  /// also allows it when ACCELERATE_ALLOW_WORLD_SIZE_CHANGE=1 (set by an elastic launch).
   bool allow_world_size_change = false;
   /// Compare every file's checksum with the manifest's (a file swapped in from another
   /// checkpoint of the same shapes, or damaged). Costs about one pass over the checkpoint

@@ -1,5 +1,5 @@
 // The launcher's command-line flags (--nproc, --nnodes, --node-rank, --master-addr,
-// --master-port), removed from argv before the program sees it.
+// --master-port, --max-restarts, --min-nproc), removed from argv before the program sees it.
 #pragma once
 
 #include <cerrno>
@@ -23,6 +23,14 @@ struct LaunchOptions {
   std::optional<int> master_port;       // default: a free port (one node) or 29500
   /// Seconds the other ranks get to exit after a rank fails, before SIGKILL.
   double grace_seconds = 5.0;
+  /// Times the job is started again after a rank fails (torchrun's --max-restarts). A program
+  /// that calls load_state() at start resumes from its latest complete checkpoint.
+  int max_restarts = 0;
+  /// Fewest processes a restarted job may run with (--min-nproc; default --nproc). Below
+  /// --nproc, a rank that failed counts as lost (a dead device or core) and the job restarts
+  /// without it, its checkpoint resharded to the survivors; at --nproc every restart runs all
+  /// processes, as torchrun's do. A restart that would go below it is not made.
+  std::optional<int> min_nproc;
 };
 
 namespace detail {
@@ -70,6 +78,8 @@ inline LaunchOptions parse_launch_args(int& argc, char** argv) {
     else if (take("--node-rank")) options.node_rank = detail::parse_int("--node-rank", value, 0, 65535);
     else if (take("--master-addr")) options.master_addr = value;
     else if (take("--master-port")) options.master_port = detail::parse_int("--master-port", value, 1, 65535);
+    else if (take("--max-restarts")) options.max_restarts = detail::parse_int("--max-restarts", value, 0, 1000000);
+    else if (take("--min-nproc")) options.min_nproc = detail::parse_int("--min-nproc", value, 1, 4096);
     else kept.push_back(argv[i]);
   }
   ACCELERATE_CHECK(options.node_rank < options.nnodes, "accelerate launch: --node-rank ",
@@ -77,6 +87,11 @@ inline LaunchOptions parse_launch_args(int& argc, char** argv) {
   ACCELERATE_CHECK(options.nnodes == 1 || options.master_port.has_value(),
                    "accelerate launch: --nnodes ", options.nnodes,
                    " needs --master-port (and --master-addr of node 0) on every node");
+  ACCELERATE_CHECK(!options.min_nproc || *options.min_nproc <= options.nproc, "accelerate launch: --min-nproc ",
+                   options.min_nproc.value_or(0), " is above --nproc ", options.nproc);
+  ACCELERATE_CHECK(options.nnodes == 1 || (options.max_restarts == 0 && !options.min_nproc),
+                   "accelerate launch: --max-restarts and --min-nproc restart a one-node job; with --nnodes ",
+                   options.nnodes, " restart the job from your scheduler (each start resumes with load_state())");
   for (std::size_t k = 0; k < kept.size(); ++k) argv[k] = kept[k];
   argc = static_cast<int>(kept.size());
   argv[argc] = nullptr;

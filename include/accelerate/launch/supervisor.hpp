@@ -91,12 +91,22 @@ struct RankProcess {
   pid_t pid = -1;
 };
 
+/// What supervise() saw, for a launcher deciding whether to restart the job.
+struct SupervisionReport {
+  /// Index (in the list given) of the rank whose failure ended the job; none when all exited 0.
+  std::optional<std::size_t> failed;
+  /// Whether a SIGINT or SIGTERM was forwarded to the ranks (the job was asked to end).
+  bool forwarded_signal = false;
+};
+
 /// Starts the ranks and waits for them. Returns 0 when all exit 0; otherwise the first
 /// failing rank's code (128 + signal when killed), after terminating the others (SIGTERM,
 /// then SIGKILL after `grace_seconds`). Prints one line naming the failing rank to stderr.
 /// SIGINT and SIGTERM sent to the supervisor are forwarded to every rank. Ranks that call
-/// detail::follow_supervisor() (accelerate::launch does) die with the supervisor.
-inline int supervise(std::vector<RankProcess>& ranks, int first_rank, double grace_seconds) {
+/// detail::follow_supervisor() (accelerate::launch does) die with the supervisor. `report`,
+/// when given, receives which rank failed first and whether a signal was forwarded.
+inline int supervise(std::vector<RankProcess>& ranks, int first_rank, double grace_seconds,
+                     SupervisionReport* report = nullptr) {
   struct sigaction action {};
   action.sa_handler = detail::remember_signal;
   sigemptyset(&action.sa_mask);
@@ -158,6 +168,7 @@ inline int supervise(std::vector<RankProcess>& ranks, int first_rank, double gra
         if (failed && !stopping) {
           stopping = true;
           result = detail::exit_code(status);
+          if (report) report->failed = i;
           std::cerr << "accelerate launch: rank " << first_rank + static_cast<int>(i) << " (pid " << pid
                     << ") " << detail::describe(status) << "; stopping the other "
                     << running << " rank(s)" << std::endl;
@@ -185,6 +196,7 @@ inline int supervise(std::vector<RankProcess>& ranks, int first_rank, double gra
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  if (report) report->forwarded_signal = forwarded;
   // After forwarding a signal the job is ending: a second SIGINT/SIGTERM moments after the
   // first (schedulers and impatient users send them) is absorbed rather than turning the
   // ranks' clean exit into the launcher's death by signal.

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -124,6 +125,36 @@ TEST(LaunchArgs, LauncherFlagsAreRemovedFromArgv) {
   EXPECT_EQ(std::string(argv[2]), "3");
   EXPECT_EQ(std::string(argv[3]), "x");
   EXPECT_EQ(argv[4], nullptr);
+}
+
+TEST(LaunchArgs, RestartFlagsAndTheirLimits) {
+  ScopedEnv env({});
+  auto parse = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "prog");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int argc = static_cast<int>(args.size());
+    return accelerate::parse_launch_args(argc, argv.data());
+  };
+  const auto o = parse({"--nproc", "3", "--max-restarts", "2", "--min-nproc=2"});
+  EXPECT_EQ(o.max_restarts, 2);
+  EXPECT_EQ(o.min_nproc, 2);
+  EXPECT_EQ(parse({"--nproc", "3"}).max_restarts, 0);
+  EXPECT_FALSE(parse({"--nproc", "3"}).min_nproc.has_value());
+  auto refusal = [&](std::vector<std::string> args) {
+    try {
+      parse(std::move(args));
+    } catch (const accelerate::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(refusal({"--nproc", "2", "--min-nproc", "3"}).find("--min-nproc 3 is above --nproc 2"), std::string::npos);
+  EXPECT_NE(refusal({"--nproc", "2", "--nnodes", "2", "--master-port", "1", "--max-restarts", "1"})
+                .find("restart a one-node job"),
+            std::string::npos);
+  EXPECT_NE(refusal({"--max-restarts", "-1"}).find("--max-restarts needs an integer"), std::string::npos);
 }
 
 }  // namespace
