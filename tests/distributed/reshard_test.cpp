@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/errors.hpp"
+#include "../support/indexed_dataset.hpp"
 #include "../support/models.hpp"
 #include "../support/multiprocess.hpp"
 #include "../support/temp_dir.hpp"
@@ -41,15 +42,10 @@ constexpr int kFirstSteps = 6;                // on 2 ranks: 24 samples, and 24 
 constexpr std::uint64_t kShuffleSeed = 7;
 
 // Samples that carry their own index, so each rank can log what it was given.
-struct IndexedData {
-  at::Tensor x = at::randn({kSamples, 6}, at::make_generator<at::CPUGeneratorImpl>(11));
-  at::Tensor y = at::randn({kSamples, 3}, at::make_generator<at::CPUGeneratorImpl>(12));
-  std::size_t size() const { return static_cast<std::size_t>(kSamples); }
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> get_batch(c10::ArrayRef<int64_t> indices) const {
-    const auto i = at::tensor(std::vector<int64_t>(indices.begin(), indices.end()));
-    return {x.index_select(0, i), y.index_select(0, i), i};
-  }
-};
+accelerate::testing::IndexedDataset indexed_data() {
+  return {at::randn({kSamples, 6}, at::make_generator<at::CPUGeneratorImpl>(11)),
+          at::randn({kSamples, 3}, at::make_generator<at::CPUGeneratorImpl>(12))};
+}
 
 std::string arg(std::size_t n) {  // run_job passes one argument per line
   std::string args = std::getenv("ACCELERATE_TEST_ARGS");
@@ -69,7 +65,7 @@ int reshard_phase(const std::string& phase) {
   TinyNet net(6, 5, 3);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
   auto [model, opt, loader] = acc.prepare(
-      net, optimizer, accelerate::DataLoader(IndexedData{}, {.batch_size = kBatch, .shuffle = true, .seed = kShuffleSeed}));
+      net, optimizer, accelerate::DataLoader(indexed_data(), {.batch_size = kBatch, .shuffle = true, .seed = kShuffleSeed}));
   const std::string rank = std::to_string(acc.process_index());
   auto train = [&](const std::string& log, int max_steps) {
     std::ofstream seen(shared / (log + "_rank" + rank + ".txt"));

@@ -23,6 +23,8 @@
 
 #include <unistd.h>
 
+#include "../support/indexed_dataset.hpp"
+
 struct Counters {
   int64_t optimizer_steps = 0;
 };
@@ -58,16 +60,6 @@ struct Args {
   bool log_samples = false;
 };
 
-// Samples that carry their index, so a rank can log what it was dealt.
-struct IndexedData {
-  at::Tensor x, y;
-  std::size_t size() const { return static_cast<std::size_t>(x.size(0)); }
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> get_batch(c10::ArrayRef<int64_t> indices) const {
-    const auto i = at::tensor(std::vector<int64_t>(indices.begin(), indices.end()));
-    return {x.index_select(0, i), y.index_select(0, i), i};
-  }
-};
-
 int restart_count() {
   const char* count = std::getenv("ACCELERATE_RESTART_COUNT");
   return count ? std::atoi(count) : 0;
@@ -96,7 +88,7 @@ int train(const Args& a) {
   const auto world = static_cast<int64_t>(acc.num_processes());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(77);
   auto x = torch::randn({a.samples > 0 ? a.samples : 16 * 8 * world, 16}, gen);
-  IndexedData data{x, x.narrow(1, 0, 4).sin()};
+  accelerate::testing::IndexedDataset data{x, x.narrow(1, 0, 4).sin()};
   auto [model, opt, loader] = acc.prepare(net, sgd, accelerate::DataLoader(data, {.batch_size = 8, .shuffle = true}));
   std::ofstream seen;
   if (a.log_samples)
