@@ -578,6 +578,24 @@ TEST(CheckpointRegistry, EntriesOwnedByEveryRankGetAFileOfTheirOwnAndLoadBack) {
   EXPECT_TRUE(std::filesystem::exists(dir / "b" / "custom_checkpoint_1_rank0.json"));
 }
 
+// A rank a checkpoint has no RNG state for (resumed on more processes) derives one: the same
+// on every resume, different per rank and from the saved rank 0's stream.
+TEST(DerivedRngState, IsDeterministicAndDistinctPerRank) {
+  torch::manual_seed(3);
+  const auto saved = ckpt::rng_state();
+  const auto draw = [](const accelerate::StateDict& state) {
+    ckpt::load_rng_state(state, "test");
+    return torch::randn({4});
+  };
+  const auto rank0 = draw(saved);
+  const auto rank2 = draw(ckpt::derived_rng_state(saved, 2, "test"));
+  EXPECT_TRUE(torch::equal(rank2, draw(ckpt::derived_rng_state(saved, 2, "test"))));
+  EXPECT_FALSE(torch::equal(rank2, draw(ckpt::derived_rng_state(saved, 3, "test"))));
+  EXPECT_FALSE(torch::equal(rank2, rank0));
+  torch::manual_seed(4);  // another saved state derives another stream for the same rank
+  EXPECT_FALSE(torch::equal(rank2, draw(ckpt::derived_rng_state(ckpt::rng_state(), 2, "test"))));
+}
+
 // --- asynchronous saves ------------------------------------------------------------------------
 
 TEST(AsyncSave, WritesWhatWasThereWhenCalledAndTheNextCallWaits) {
