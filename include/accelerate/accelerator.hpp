@@ -648,6 +648,16 @@ class Accelerator {
         << " ddp.first_bucket_cap_bytes=" << o.ddp.first_bucket_cap_bytes
         << " ddp.find_unused_parameters=" << o.ddp.find_unused_parameters
         << " data.even_batches=" << o.data.even_batches;
+    // Options that change which collectives run, only when not the default, so a default
+    // configuration's fingerprint (and its checkpoints') stays what it was.
+    if (!o.ddp.bucket_order_from_arrival) out << " ddp.bucket_order_from_arrival=0";
+    if (o.ddp.compression != GradientCompression::none) {
+      out << " ddp.compression=" << to_string(o.ddp.compression);
+      if (o.ddp.compression == GradientCompression::power_sgd)
+        out << " ddp.power_sgd.rank=" << o.ddp.power_sgd.rank << " ddp.power_sgd.start_iteration="
+            << o.ddp.power_sgd.start_iteration << " ddp.power_sgd.min_compression_rate="
+            << o.ddp.power_sgd.min_compression_rate;
+    }
     return out.str();
   }
 

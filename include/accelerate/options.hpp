@@ -84,6 +84,56 @@ struct ProcessGroupOptions {
   bool verify_collectives = false;
 };
 
+/// How gradient buckets travel between ranks (PyTorch DDP's communication hooks).
+enum class GradientCompression {
+  /// fp32 (the gradients' dtype) as they are.
+  none,
+  /// Each bucket cast to fp16 and pre-divided by the world size, summed, cast back: half the
+  /// bytes (PyTorch's fp16_compress_hook). Gradients beyond fp16's range (65504 times the world
+  /// size) become inf; with Fp16 precision the grad scaler then skips the step.
+  fp16,
+  /// The same in bf16: half the bytes, fp32's range, 8 bits of mantissa (bf16_compress_hook).
+  bf16,
+  /// PowerSGD (Vogels et al. 2019): each gradient matrix M (n x m; a weight of any dimension,
+  /// seen as its first dimension by the rest) is sent as two rank-r factors P = M Q
+  /// (n x r) and Q = M^T P (m x r), r(n + m) values instead of nm; vectors and matrices that
+  /// would not shrink by PowerSgdOptions::min_compression_rate go as they are. See
+  /// PowerSgdOptions.
+  power_sgd,
+};
+
+/// The option's name: "none", "fp16", "bf16" or "power_sgd".
+constexpr const char* to_string(GradientCompression compression) noexcept {
+  switch (compression) {
+    case GradientCompression::fp16: return "fp16";
+    case GradientCompression::bf16: return "bf16";
+    case GradientCompression::power_sgd: return "power_sgd";
+    case GradientCompression::none: break;
+  }
+  return "none";
+}
+
+/// PowerSGD's settings (PyTorch's PowerSGDState arguments, its defaults).
+/// Example:
+///   Acc acc{{.ddp = {.compression = accelerate::GradientCompression::power_sgd,
+///                    .power_sgd = {.rank = 4, .start_iteration = 10}}}};
+struct PowerSgdOptions {
+  /// Rank r of the approximation (matrix_approximation_rank): more is closer and costlier.
+  int rank = 1;
+  /// Synchronised steps sent uncompressed before compression starts (start_powerSGD_iter):
+  /// early gradients change fast and PowerSGD follows them poorly.
+  std::size_t start_iteration = 1000;
+  /// Add what compression lost in the last step to this one's gradient before compressing
+  /// (error feedback), at the price of one copy of the compressed gradients.
+  bool error_feedback = true;
+  /// Start each step's power iteration from the last step's Q instead of a new random one.
+  bool warm_start = true;
+  /// Compress a matrix only when nm >= min_compression_rate * r(n + m).
+  double min_compression_rate = 2.0;
+  /// Seed of the random initial Q, the same on every rank (no global generator is touched).
+  std::uint64_t seed = 0;
+};
+
 /// Replicated data parallel's gradient reducer (PyTorch's DistributedDataParallel arguments,
 /// Accelerate's DistributedDataParallelKwargs).
 /// Example:
@@ -100,6 +150,20 @@ struct DdpOptions {
   bool broadcast_buffers = true;
   /// Tolerate parameters that get no gradient in a backward pass (DDP's option of that name).
   bool find_unused_parameters = false;
+  /// Each parameter's .grad is a view into its bucket (DDP's option of that name, here on by
+  /// default): gradients are averaged in place, nothing is copied back, and the gradients
+  /// take one copy of memory instead of two. Whatever replaces a .grad (optimizer.zero_grad()
+  /// with set_to_none, LibTorch's default; a user's assignment) is copied into the bucket once
+  /// and the .grad made a view again; zero_grad(false) keeps the views. Off: copies, as before.
+  bool gradient_as_bucket_view = true;
+  /// After the first synchronised backward, rebuild the buckets in the order rank 0's
+  /// gradients became ready, so each bucket is launched as soon as backward can fill it (DDP
+  /// does this always). Matters when modules are registered in another order than they run.
+  bool bucket_order_from_arrival = true;
+  /// Compression of gradient buckets on the wire (replicated data parallel only).
+  GradientCompression compression = GradientCompression::none;
+  /// Settings of GradientCompression::power_sgd.
+  PowerSgdOptions power_sgd{};
 };
 
 /// How prepared dataloaders shard (Accelerate's DataLoaderConfiguration).
@@ -171,6 +235,11 @@ inline void validate(const AcceleratorOptions& o) {
                    o.process_group.timeout.count(), " ms");
   ACCELERATE_CHECK(o.ddp.bucket_cap_bytes > 0 && o.ddp.first_bucket_cap_bytes > 0,
                    "AcceleratorOptions::ddp.bucket_cap_bytes and ddp.first_bucket_cap_bytes must be > 0");
+  ACCELERATE_CHECK(o.ddp.power_sgd.rank >= 1, "AcceleratorOptions::ddp.power_sgd.rank must be >= 1, got ",
+                   o.ddp.power_sgd.rank);
+  ACCELERATE_CHECK(std::isfinite(o.ddp.power_sgd.min_compression_rate) && o.ddp.power_sgd.min_compression_rate > 0,
+                   "AcceleratorOptions::ddp.power_sgd.min_compression_rate must be a positive number, got ",
+                   o.ddp.power_sgd.min_compression_rate);
   const auto& s = o.precision.grad_scaler;
   ACCELERATE_CHECK(s.init_scale > 0 && std::isfinite(s.init_scale),
                    "AcceleratorOptions::precision.grad_scaler.init_scale must be positive, got ", s.init_scale);

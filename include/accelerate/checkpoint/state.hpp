@@ -21,9 +21,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <fstream>
 #include <iostream>
 #include <iterator>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -19,6 +21,21 @@
 #include <accelerate/distributed/stats.hpp>
 
 namespace accelerate::distributed {
+
+/// A collective started asynchronously: its c10d work and when it started, so that the time it
+/// was in flight and the time spent waiting for it count in CommStats::time.
+struct InFlight {
+  compat::WorkPtr work;
+  std::chrono::steady_clock::time_point started;
+  /// When c10d marked it complete (steady-clock ticks; 0 until then), stamped by a callback.
+  std::shared_ptr<std::atomic<std::chrono::steady_clock::rep>> finished;
+
+  explicit operator bool() const noexcept { return static_cast<bool>(work); }
+  void reset() noexcept {
+    work.reset();
+    finished.reset();
+  }
+};
 
 /// Collectives over one c10d backend. Thread-safe counting: gradient hooks may run on
 /// autograd's device threads.
@@ -40,16 +57,16 @@ class Communicator {
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions options;
     options.reduceOp = to_reduce_op(sent);
-    wait(backend_->allreduce(tensors, options), "all_reduce");
+    wait(start(backend_->allreduce(tensors, options)), "all_reduce");
     count(stats_.allreduce, tensor);
     if (reduction == Reduction::mean) divide_by_world(tensor);
   }
 
-  /// Starts a sum all-reduce of `tensor` and returns its work handle (for gradient buckets).
-  compat::WorkPtr all_reduce_async(at::Tensor& tensor) {
+  /// Starts a sum all-reduce of `tensor` (gradient buckets, counted as such too); wait() for it.
+  InFlight all_reduce_async(at::Tensor& tensor) {
     agree(CollectiveOp::all_reduce, &tensor, static_cast<std::int64_t>(Reduction::sum));
     std::vector<at::Tensor> tensors{tensor};
-    auto work = backend_->allreduce(tensors);
+    InFlight work = start(backend_->allreduce(tensors));
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.allreduce.add(bytes(tensor));
     stats_.gradient_allreduce.add(bytes(tensor));
@@ -62,7 +79,7 @@ class Communicator {
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions options;
     options.rootRank = root;
-    wait(backend_->broadcast(tensors, options), "broadcast");
+    wait(start(backend_->broadcast(tensors, options)), "broadcast");
     count(stats_.broadcast, tensor);
   }
 
@@ -73,7 +90,7 @@ class Communicator {
     std::vector<at::Tensor> inputs{input};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int r = 0; r < world_size_; ++r) outputs[0].push_back(at::empty_like(input));
-    wait(backend_->allgather(outputs, inputs), "all_gather");
+    wait(start(backend_->allgather(outputs, inputs)), "all_gather");
     count(stats_.allgather, input);
     return outputs[0];
   }
@@ -98,12 +115,12 @@ class Communicator {
   /// (1/world_size of it: rank r receives slice r) and returns its work handle (sharded
   /// gradient buckets start one per bucket and wait later). Counted under reduce_scatter with
   /// its input bytes. A mean is a sum the caller divides (as reduce_scatter does).
-  compat::WorkPtr reduce_scatter_async(at::Tensor& input, at::Tensor& output, Reduction reduction = Reduction::sum) {
+  InFlight reduce_scatter_async(at::Tensor& input, at::Tensor& output, Reduction reduction = Reduction::sum) {
     ACCELERATE_CHECK(reduction != Reduction::mean, "reduce_scatter_async: reduce with sum and divide the result");
     agree(CollectiveOp::reduce_scatter, &input, static_cast<std::int64_t>(reduction));
     c10d::ReduceScatterOptions options;
     options.reduceOp = to_reduce_op(reduction);
-    auto work = backend_->_reduce_scatter_base(output, input, options);
+    InFlight work = start(backend_->_reduce_scatter_base(output, input, options));
     count(stats_.reduce_scatter, input);
     return work;
   }
@@ -112,27 +129,39 @@ class Communicator {
   /// flat all-gather (sharded parameters made whole). `what` names it in errors.
   void all_gather_into(at::Tensor& output, at::Tensor& input, const char* what) {
     agree(CollectiveOp::all_gather, &input, 0);
-    wait(backend_->_allgather_base(output, input), what);
+    wait(start(backend_->_allgather_base(output, input)), what);
     count(stats_.allgather, input);
   }
 
   void barrier() {
     agree(CollectiveOp::barrier, nullptr, 0);
-    wait(backend_->barrier(), "barrier");
+    wait(start(backend_->barrier()), "barrier");
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.barrier.add(0);
   }
 
   /// Waits for a collective; a failure (peer gone, timeout) becomes an accelerate::Error
-  /// naming the collective, this rank and, from the heartbeat, which rank stopped.
-  void wait(const compat::WorkPtr& work, const char* what) {
+  /// naming the collective, this rank and, from the heartbeat, which rank stopped. The time
+  /// blocked here is exposed communication (CommStats::time).
+  void wait(const InFlight& work, const char* what) {
+    const auto blocked = std::chrono::steady_clock::now();
     try {
-      work->wait();
+      work.work->wait();
     } catch (const std::exception& e) {
       const std::string cause = diagnose_ ? diagnose_() : "a peer exited or timed out";
       accelerate::detail::fail(what, " failed on rank ", rank_, " of ", world_size_, ": ", cause,
                                " (", e.what(), ")");
     }
+    const auto now = std::chrono::steady_clock::now();
+    // Done, but its completion callback may not have run yet: then it completed by now.
+    auto expected = std::chrono::steady_clock::rep{0};
+    if (work.finished) work.finished->compare_exchange_strong(expected, now.time_since_epoch().count());
+    const auto finished = work.finished ? std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(
+                                              work.finished->load()))
+                                        : now;
+    std::lock_guard<std::mutex> lock(mutex_);
+    const CommTime spent = busy_since(work.started, std::min(finished, now), now - blocked);
+    stats_.time += spent;
   }
 
   /// Turns on collective verification (ProcessGroupOptions::verify_collectives): before each
@@ -155,13 +184,43 @@ class Communicator {
     return stats_;
   }
 
-  /// Counts one completed gradient synchronisation round.
+  /// Counts one completed gradient synchronisation round, which ends a step in
+  /// CommStats::last_step.
   void count_grad_sync_round() {
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.grad_sync_rounds;
+    stats_.last_step = stats_.time - step_started_;
+    step_started_ = stats_.time;
   }
 
  private:
+  // Stamps a collective's start and, from c10d's completion callback, its end.
+  InFlight start(compat::WorkPtr work) {
+    InFlight flight{std::move(work), std::chrono::steady_clock::now(),
+                    std::make_shared<std::atomic<std::chrono::steady_clock::rep>>(0)};
+    try {
+      flight.work->getFuture()->addCallback([finished = flight.finished](c10::ivalue::Future&) {
+        auto expected = std::chrono::steady_clock::rep{0};
+        finished->compare_exchange_strong(expected, std::chrono::steady_clock::now().time_since_epoch().count());
+      });
+    } catch (const c10::Error&) {
+      // A backend without futures: the end of the wait stands for the completion.
+    }
+    return flight;
+  }
+
+  // The busy time a collective in flight from `started` to `finished` adds to the union of the
+  // earlier ones (collectives on one group complete in order, so the union is the part after
+  // the last completion), and the time blocked waiting for it.
+  CommTime busy_since(std::chrono::steady_clock::time_point started, std::chrono::steady_clock::time_point finished,
+                      std::chrono::steady_clock::duration blocked) {
+    const auto from = std::max(started, busy_until_);
+    CommTime spent;
+    if (finished > from) spent.busy_seconds = std::chrono::duration<double>(finished - from).count();
+    busy_until_ = std::max(busy_until_, finished);
+    spent.exposed_seconds = std::chrono::duration<double>(blocked).count();
+    return spent;
+  }
   // A mean is a sum divided by the world size (Gloo has no AVG); integers round down.
   void divide_by_world(at::Tensor& sum) const {
     if (sum.is_floating_point()) sum.div_(world_size_);
@@ -207,7 +266,7 @@ class Communicator {
     std::vector<at::Tensor> inputs{mine};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int r = 0; r < world_size_; ++r) outputs[0].push_back(at::empty_like(mine));
-    wait(backend_->allgather(outputs, inputs), "collective verification");
+    wait(start(backend_->allgather(outputs, inputs)), "collective verification");
     std::vector<at::Tensor> all;
     for (auto& o : outputs[0]) all.push_back(o.cpu());
     const auto* first = all[0].data_ptr<std::int64_t>();
@@ -235,6 +294,8 @@ class Communicator {
   int world_size_;
   mutable std::mutex mutex_;
   CommStats stats_;
+  CommTime step_started_;  // stats_.time when the current step began
+  std::chrono::steady_clock::time_point busy_until_{};
   std::function<std::string()> diagnose_;
   bool verify_ = false;
   c10::Device verify_device_{c10::kCPU};

@@ -209,10 +209,7 @@ class ProcessGroupEngine {
     broadcast_state(module, options.ddp.broadcast_buffers);
     std::vector<std::pair<std::string, at::Tensor>> params;
     for (auto& item : module.named_parameters(true)) params.emplace_back(item.key(), item.value());
-    auto reducer = std::make_shared<GradientReducer>(
-        std::move(params), comm_,
-        ReducerOptions{options.ddp.bucket_cap_bytes, options.ddp.first_bucket_cap_bytes,
-                       options.ddp.find_unused_parameters, sharding});
+    auto reducer = std::make_shared<GradientReducer>(std::move(params), comm_, ReducerOptions::from(options.ddp, sharding));
     reducer->install_hooks();
     std::vector<at::Tensor> buffers;
     if (options.ddp.broadcast_buffers)

@@ -3,8 +3,9 @@
 // of backward; everything is awaited in a callback at the end of the same backward pass.
 //
 // Why not c10d::Reducer: it is an internal class whose constructor changed across 2.x
-// releases and which drags in dist-autograd headers; this is the same algorithm in ~200 lines
-// of public autograd API, measured as fast (bench/README.md, "Gradient synchronisation on 2 ranks").
+// releases and which drags in dist-autograd headers; this is the same algorithm (bucket
+// views, rebuilt bucket order, compression) on public autograd API, measured as fast
+// (bench/README.md, "Gradient synchronisation on 2 ranks"). docs/communication.md explains it.
 #pragma once
 
 #include <algorithm>
@@ -27,6 +28,8 @@
 
 #include <accelerate/detail/check.hpp>
 #include <accelerate/distributed/communicator.hpp>
+#include <accelerate/distributed/compression.hpp>
+#include <accelerate/options.hpp>
 
 namespace accelerate::distributed {
 
@@ -44,21 +47,38 @@ enum class Sharding {
   gradients,
 };
 
-/// Bucket sizes and unused-parameter handling (from AcceleratorOptions), and the sharding.
+/// Bucket sizes, unused-parameter handling, bucket views, arrival order and compression (from
+/// AcceleratorOptions::ddp, where each is documented), and the sharding. Views, arrival order
+/// and compression apply to Sharding::none: a sharded optimizer's slices are cut from the
+/// bucket layout once, at prepare.
 struct ReducerOptions {
   std::size_t bucket_cap_bytes = std::size_t{4} << 20;
   std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
   bool find_unused_parameters = false;
   Sharding sharding = Sharding::none;
+  bool gradient_as_bucket_view = true;
+  bool bucket_order_from_arrival = true;
+  GradientCompression compression = GradientCompression::none;
+  PowerSgdOptions power_sgd{};
+
+  /// The reducer options of AcceleratorOptions::ddp.
+  static ReducerOptions from(const DdpOptions& ddp, Sharding sharding = Sharding::none) {
+    return {ddp.bucket_cap_bytes, ddp.first_bucket_cap_bytes, ddp.find_unused_parameters, sharding,
+            ddp.gradient_as_bucket_view, ddp.bucket_order_from_arrival, ddp.compression, ddp.power_sgd};
+  }
 };
 
-/// `length` elements of the contiguous `base` from element `offset`, sharing its storage but
-/// not an autograd view of it: gradients handed to an optimizer must be, since LibTorch's
-/// Optimizer::zero_grad detaches them in place, which autograd refuses for views.
-inline at::Tensor storage_alias(const at::Tensor& base, int64_t offset, int64_t length) {
+/// Elements of the contiguous `base` from element `offset`, shaped `sizes` (contiguous),
+/// sharing its storage but not an autograd view of it: gradients handed to an optimizer must
+/// be, since LibTorch's Optimizer::zero_grad detaches them in place, which autograd refuses
+/// for views.
+inline at::Tensor storage_alias(const at::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
   at::Tensor alias = at::empty({0}, base.options());
-  alias.set_(base.storage(), base.storage_offset() + offset, {length}, {1});
+  alias.set_(base.storage(), base.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
   return alias;
+}
+inline at::Tensor storage_alias(const at::Tensor& base, int64_t offset, int64_t length) {
+  return storage_alias(base, offset, at::IntArrayRef{length});
 }
 
 /// Where one parameter meets this rank's shard of its bucket: `length` elements from element
@@ -84,6 +104,19 @@ struct ShardPiece {
 /// .grad untouched (undefined stays undefined, so momentum and weight decay leave it alone);
 /// one used anywhere gets the average, the unused ranks contributing zeros.
 ///
+/// Gradients as bucket views (gradient_as_bucket_view), as PyTorch DDP: each .grad aliases
+/// its slot of the bucket, so backward accumulates into the bucket, the all-reduce averages in
+/// place and nothing is copied back. A .grad that is not the view when its hook runs (new
+/// after zero_grad's set_to_none, or assigned by the user) is copied into the slot and
+/// replaced by the view.
+///
+/// Arrival order (bucket_order_from_arrival), as PyTorch DDP: the first synchronised backward
+/// records the order in which gradients become ready; rank 0's order is broadcast and the
+/// buckets rebuilt in it, so each bucket fills, and launches, as early as backward allows.
+///
+/// Compression (ReducerOptions::compression): a bucket is sent as BucketCompressor makes it
+/// (fp16, bf16, PowerSGD) and what comes back is the average, decompressed into the bucket.
+///
 /// Sharded (ReducerOptions::sharding), as ZeRO and Megatron's distributed optimizer: each
 /// bucket's flattened parameters are padded to a multiple of the world size and rank r owns
 /// the r-th contiguous slice of every bucket, so a bucket's reduce-scatter hands each rank
@@ -95,6 +128,13 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   GradientReducer(std::vector<std::pair<std::string, at::Tensor>> named_params,
                   std::shared_ptr<Communicator> comm, ReducerOptions options)
       : comm_(std::move(comm)), options_(options) {
+    ACCELERATE_CHECK(!sharded() || options_.compression == GradientCompression::none,
+                     "gradient compression (AcceleratorOptions::ddp.compression = ", to_string(options_.compression),
+                     ") works with replicated data parallel only, not with a sharded backend");
+    if (sharded()) {
+      options_.gradient_as_bucket_view = false;  // the shards' gradients live in their own buffers
+      options_.bucket_order_from_arrival = false;  // the optimizer's slices are cut from this layout
+    }
     for (auto& [name, p] : named_params) {
       if (!p.requires_grad()) continue;
       if (sharded())
@@ -103,8 +143,12 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       names_.push_back(name);
       params_.push_back(p);
     }
-    build_buckets();
+    std::vector<std::size_t> reverse(params_.size());
+    for (std::size_t k = 0; k < reverse.size(); ++k) reverse[k] = reverse.size() - 1 - k;
+    build_buckets(reverse);
     if (sharded()) build_shard_pieces();
+    ready_.assign(params_.size(), false);
+    used_.assign(params_.size(), false);
   }
 
   /// Registers the hooks; call once, after the reducer is owned by a shared_ptr.
@@ -164,6 +208,28 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// Buckets launched while some gradient of the same backward pass was still to come: the
   /// communication that overlapped computation, counted over the reducer's life.
   std::size_t overlapped_launches() const noexcept { return overlapped_launches_; }
+  /// Whether the buckets were rebuilt in arrival order (after the first synchronised backward,
+  /// when that order differed from the initial one).
+  bool buckets_rebuilt() const noexcept { return rebuilt_; }
+  /// Whether .grad tensors are views into the buckets.
+  bool gradients_are_bucket_views() const noexcept { return options_.gradient_as_bucket_view; }
+  /// Bytes of gradient memory this reducer's model holds: the buckets, the compression state
+  /// and every parameter's .grad that is not a view into a bucket (storage counted once).
+  std::size_t gradient_memory_bytes() const {
+    std::unordered_set<const void*> seen;
+    std::size_t total = 0;
+    auto add = [&](const at::Tensor& t) {
+      if (t.defined() && seen.insert(t.storage().data()).second) total += t.storage().nbytes();
+    };
+    for (const auto& bucket : buckets_) {
+      add(bucket.flat);
+      add(bucket.shard);
+      total += bucket.compressor.state_bytes();
+    }
+    for (const auto& p : params_) add(p.grad());
+    for (const auto& t : piece_tensors_) add(t.grad());
+    return total;
+  }
 
   /// The parameters it synchronises (those requiring gradients) and their names.
   const std::vector<at::Tensor>& parameters() const noexcept { return params_; }
@@ -204,7 +270,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     at::Tensor shard;              // sharding::gradients: this rank's averaged slice
     at::TensorOptions options;
     std::size_t pending = 0;
-    compat::WorkPtr work;
+    InFlight work;
+    BucketCompressor compressor;   // compression != none
+    at::Tensor second;             // PowerSGD: the second sum (Q) in flight
+    InFlight second_work;
   };
 
   bool sharded() const noexcept { return options_.sharding != Sharding::none; }
@@ -226,13 +295,15 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     std::size_t index_;
   };
 
-  void build_buckets() {
-    // Open bucket per (device type, device index, dtype), filled in reverse order.
+  // Buckets filled with the parameters in `order` (initially reverse registration order).
+  void build_buckets(const std::vector<std::size_t>& order) {
+    // Open bucket per (device type, device index, dtype).
     std::map<std::tuple<int, int, int>, std::size_t> open;
+    buckets_.clear();
     bucket_of_.assign(params_.size(), 0);
     position_of_.assign(params_.size(), 0);
     std::vector<std::size_t> bucket_bytes;
-    for (std::size_t k = params_.size(); k-- > 0;) {
+    for (const std::size_t k : order) {
       const auto& p = params_[k];
       const std::tuple<int, int, int> key{static_cast<int>(p.device().type()), p.device().index(),
                                           static_cast<int>(p.scalar_type())};
@@ -262,9 +333,28 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       if (scatters()) bucket.shard = at::zeros({bucket.padded / world}, bucket.options);
       else bucket.flat = at::zeros({total}, bucket.options);
       bucket.pending = bucket.params.size();
+      if (options_.compression != GradientCompression::none) {
+        std::vector<BucketEntry> entries;
+        for (std::size_t j = 0; j < bucket.params.size(); ++j) {
+          const auto sizes = params_[bucket.params[j]].sizes();
+          entries.push_back({bucket.offsets[j], std::vector<int64_t>(sizes.begin(), sizes.end())});
+        }
+        bucket.compressor = BucketCompressor(options_.compression, options_.power_sgd, std::move(entries));
+      }
     }
-    ready_.assign(params_.size(), false);
-    used_.assign(params_.size(), false);
+  }
+
+  // The parameters in launch order (bucket by bucket).
+  std::vector<std::size_t> launch_order() const {
+    std::vector<std::size_t> order;
+    for (const auto& bucket : buckets_) order.insert(order.end(), bucket.params.begin(), bucket.params.end());
+    return order;
+  }
+
+  // Whether `grad` is the view of the slot of `param` in its bucket.
+  static bool is_view_of(const at::Tensor& grad, const at::Tensor& slot, const at::Tensor& param) {
+    return grad.defined() && grad.data_ptr() == slot.data_ptr() && grad.sizes() == param.sizes() &&
+           grad.is_contiguous() && grad.scalar_type() == slot.scalar_type();
   }
 
   // Each parameter's intersection with this rank's slice of its bucket.
@@ -294,6 +384,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
           [weak = weak_from_this()] {
             if (auto reducer = weak.lock()) reducer->finish_round();
           });
+      // Every bucket of a round is compressed, or none (PowerSGD starts after some rounds).
+      round_compressed_ = options_.compression != GradientCompression::none &&
+                          (options_.compression != GradientCompression::power_sgd ||
+                           sync_rounds_ >= options_.power_sgd.start_iteration);
       // What the forward's graph cannot reach is ready now (zeros), not at the end.
       if (!unreachable_.empty())
         for (std::size_t i = 0; i < params_.size(); ++i)
@@ -306,21 +400,35 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     mark_ready(index, /*used=*/true);
   }
 
-  // Copies a gradient (zeros when unused or it has none) into its bucket; launches full
-  // buckets.
+  // Puts a gradient (zeros when unused or it has none) into its bucket, unless it is its
+  // view there already; launches full buckets.
   void mark_ready(std::size_t index, bool used) {
     if (ready_[index]) return;
     ready_[index] = true;
     used_[index] = used;
     ++ready_count_;
+    if (!order_settled_ && options_.bucket_order_from_arrival) arrival_.push_back(index);
     Bucket& bucket = buckets_[bucket_of_[index]];
     if (!bucket.flat.defined()) bucket.flat = at::zeros({bucket.padded}, bucket.options);  // sharded gradients
-    const at::Tensor& grad = params_[index].grad();
-    at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[position_of_[index]], params_[index].numel());
-    if (used && grad.defined()) slot.copy_(grad.reshape(-1));
-    else slot.zero_();
+    at::Tensor& param = params_[index];
+    const int64_t offset = bucket.offsets[position_of_[index]];
+    at::Tensor slot = bucket.flat.narrow(0, offset, param.numel());
+    const bool views = options_.gradient_as_bucket_view;
+    const at::Tensor& grad = param.grad();
+    if (used && grad.defined()) {
+      if (!views || !is_view_of(grad, slot, param)) {
+        slot.copy_(grad.reshape(-1));
+        // The gradient autograd made is freed; backward accumulates into the bucket from now.
+        if (views) param.mutable_grad() = storage_alias(bucket.flat, offset, param.sizes());
+      }
+    } else {
+      // The bucket sends zeros for it; a locally accumulated .grad keeps its value apart
+      // (kept if no rank used it, replaced by the average otherwise, as without views).
+      if (views && is_view_of(grad, slot, param)) param.mutable_grad() = grad.clone();
+      slot.zero_();
+    }
     // Sharded gradients: the bucket holds this gradient now; only the shard will be kept.
-    if (scatters()) params_[index].mutable_grad().reset();
+    if (scatters()) param.mutable_grad().reset();
     if (--bucket.pending == 0) launch_ready_buckets();
   }
 
@@ -328,8 +436,13 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
       Bucket& bucket = buckets_[next_bucket_++];
       if (ready_count_ < params_.size()) ++overlapped_launches_;
-      bucket.work = scatters() ? comm_->reduce_scatter_async(bucket.flat, bucket.shard)
-                               : comm_->all_reduce_async(bucket.flat);
+      if (scatters()) bucket.work = comm_->reduce_scatter_async(bucket.flat, bucket.shard);
+      else if (round_compressed_) {
+        at::Tensor wire = bucket.compressor.compress(bucket.flat, comm_->world_size());
+        bucket.work = comm_->all_reduce_async(wire);
+      } else {
+        bucket.work = comm_->all_reduce_async(bucket.flat);
+      }
       // Sharded gradients: the full buffers of at most two launched buckets stay alive; older
       // ones are awaited and freed while backward goes on (else every bucket's buffer would
       // coexist until the end of backward: the model's whole gradient again, measured in
@@ -404,18 +517,37 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       reset_round();
       return;
     }
+    const int world = comm_->world_size();
     for (auto& bucket : buckets_) {
       comm_->wait(bucket.work, "gradient all_reduce");
-      bucket.flat.div_(comm_->world_size());
+      if (!round_compressed_) {
+        bucket.flat.div_(world);
+        continue;
+      }
+      // Compressed: the average comes back; PowerSGD's second factor is summed next, each
+      // bucket's launched before the next bucket is waited for.
+      bucket.second = bucket.compressor.decompress(bucket.flat, world);
+      if (bucket.second.defined()) bucket.second_work = comm_->all_reduce_async(bucket.second);
+    }
+    for (auto& bucket : buckets_) {
+      if (!bucket.second_work) continue;
+      comm_->wait(bucket.second_work, "gradient all_reduce (PowerSGD's second factor)");
+      bucket.compressor.finish(bucket.flat, world);
+    }
+    for (auto& bucket : buckets_) {
       for (std::size_t j = 0; j < bucket.params.size(); ++j) {
         const std::size_t index = bucket.params[j];
         if (used_flags && used_flags[index] == 0) continue;  // unused everywhere: .grad untouched
         at::Tensor& param = params_[index];
-        at::Tensor averaged =
-            bucket.flat.narrow(0, bucket.offsets[j], param.numel()).view(param.sizes());
+        at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[j], param.numel());
         at::Tensor& grad = param.mutable_grad();
-        if (grad.defined()) grad.copy_(averaged);
-        else grad = averaged.clone();
+        if (options_.gradient_as_bucket_view) {
+          if (!is_view_of(grad, slot, param)) grad = storage_alias(bucket.flat, bucket.offsets[j], param.sizes());
+        } else if (grad.defined()) {
+          grad.copy_(slot.view(param.sizes()));
+        } else {
+          grad = slot.view(param.sizes()).clone();
+        }
       }
     }
     if (sharded()) {
@@ -429,15 +561,58 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       }
       for (auto& param : params_) param.mutable_grad().reset();
     }
+    if (!order_settled_ && options_.bucket_order_from_arrival) rebuild_in_arrival_order();
+    ++sync_rounds_;
     comm_->count_grad_sync_round();
     reset_round();
+  }
+
+  // Rank 0's arrival order to every rank, and the buckets rebuilt in it; gradients that were
+  // views into the old buckets move into the new ones. Collective (one broadcast), in the
+  // first synchronised backward of every rank.
+  void rebuild_in_arrival_order() {
+    order_settled_ = true;
+    at::Tensor order = at::empty({static_cast<int64_t>(params_.size())}, at::TensorOptions().dtype(at::kLong));
+    auto* mine = order.data_ptr<int64_t>();
+    const bool complete = arrival_.size() == params_.size();
+    for (std::size_t k = 0; k < params_.size(); ++k) mine[k] = complete ? static_cast<int64_t>(arrival_[k]) : -1;
+    order = order.to(params_.front().device());  // NCCL takes device tensors
+    comm_->broadcast(order, 0);
+    order = order.cpu();
+    std::vector<std::size_t> arrival;
+    std::vector<bool> seen(params_.size(), false);
+    for (int64_t k = 0; k < order.numel(); ++k) {
+      const int64_t index = order.data_ptr<int64_t>()[k];
+      if (index < 0 || index >= static_cast<int64_t>(params_.size()) || seen[static_cast<std::size_t>(index)])
+        return;  // rank 0 saw no complete order: keep the layout
+      seen[static_cast<std::size_t>(index)] = true;
+      arrival.push_back(static_cast<std::size_t>(index));
+    }
+    rebuilt_ = arrival != launch_order();
+    if (!rebuilt_) return;
+    std::vector<at::Tensor> moved(params_.size());  // views of the old buckets, kept alive
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const Bucket& old = buckets_[bucket_of_[i]];
+      const at::Tensor& grad = params_[i].grad();
+      if (is_view_of(grad, old.flat.narrow(0, old.offsets[position_of_[i]], params_[i].numel()), params_[i]))
+        moved[i] = grad;
+    }
+    torch::NoGradGuard no_grad;
+    build_buckets(arrival);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (!moved[i].defined()) continue;
+      Bucket& bucket = buckets_[bucket_of_[i]];
+      const int64_t offset = bucket.offsets[position_of_[i]];
+      bucket.flat.narrow(0, offset, params_[i].numel()).copy_(moved[i].reshape(-1));
+      params_[i].mutable_grad() = storage_alias(bucket.flat, offset, params_[i].sizes());
+    }
   }
 
   void wait_launched() {
     for (std::size_t b = 0; b < next_bucket_; ++b) {
       if (!buckets_[b].work) continue;  // retired already
       try {
-        buckets_[b].work->wait();
+        buckets_[b].work.work->wait();
       } catch (...) {
       }
     }
@@ -450,9 +625,12 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     std::fill(used_.begin(), used_.end(), false);
     unreachable_.clear();  // a prediction holds for the one backward after its forward
     late_.clear();
+    arrival_.clear();
     for (auto& bucket : buckets_) {
       bucket.pending = bucket.params.size();
       bucket.work.reset();
+      bucket.second_work.reset();
+      bucket.second = at::Tensor();
       if (scatters()) bucket.flat.reset();
     }
   }
@@ -471,10 +649,15 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
   std::vector<ShardPiece> pieces_;          // sharded: this rank's slices
   std::vector<at::Tensor> piece_tensors_;   // sharded: views of the parameters' storage
+  std::vector<std::size_t> arrival_;  // the first synchronised backward's order of readiness
   std::size_t next_bucket_ = 0;
   std::size_t ready_count_ = 0;
   std::size_t overlapped_launches_ = 0;
+  std::size_t sync_rounds_ = 0;
   bool round_open_ = false;
+  bool round_compressed_ = false;
+  bool order_settled_ = false;  // the arrival order was looked at (once)
+  bool rebuilt_ = false;
   bool sync_ = true;
 };
 

@@ -1,0 +1,331 @@
+// How gradients travel, with real processes over Gloo: gradients as bucket views, buckets
+// rebuilt in arrival order, compressed buckets (fp16, bf16, PowerSGD), and the communication
+// time reported by stats().
+#include <accelerate/accelerate.hpp>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "../support/models.hpp"
+#include "../support/multiprocess.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using accelerate::testing::flat_parameters;
+using accelerate::testing::job_dir;
+using accelerate::testing::load_tensor;
+using accelerate::testing::run_job;
+using accelerate::testing::save_tensor;
+
+std::string test_args() {
+  const char* args = std::getenv("ACCELERATE_TEST_ARGS");
+  return args ? args : "";
+}
+
+// Registered head first, stem last, but run stem -> body -> head: reverse registration order
+// (the initial bucket order) puts the stem, whose gradients come last, in the first bucket.
+struct ReversedImpl : torch::nn::Module {
+  ReversedImpl()
+      : head(register_module("head", torch::nn::Linear(32, 4))),
+        body(register_module("body", torch::nn::Linear(16, 32))),
+        stem(register_module("stem", torch::nn::Linear(8, 16))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return head(torch::relu(body(torch::relu(stem(x))))); }
+  torch::nn::Linear head, body, stem;
+};
+TORCH_MODULE(Reversed);
+
+std::int64_t parameter_bytes(const torch::nn::Module& module) {
+  std::int64_t total = 0;
+  for (const auto& p : module.parameters()) total += p.numel() * static_cast<std::int64_t>(p.element_size());
+  return total;
+}
+
+struct Variant {
+  const char* name;
+  bool views;
+  bool arrival;
+  bool set_to_none;
+};
+constexpr Variant kVariants[] = {
+    {"copies", false, false, true},  // the reducer as it was: the reference
+    {"views", true, false, true},
+    {"views_arrival", true, true, true},
+    {"views_arrival_zeroed", true, true, false},  // zero_grad(false) keeps the views
+    {"copies_arrival", false, true, true},
+};
+
+// 20 optimizer steps of 2 micro-steps each, clipped, with `optimizer`; every rank has its own
+// data. Checks the reducer's invariants on the way; returns the final parameters.
+template <class Optimizer>
+int train_variant(const Variant& v, const std::string& optimizer_name, torch::Tensor& out) {
+  using Acc = accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::AccumulateDynamic,
+                                      accelerate::ClipNorm<>>;
+  Acc acc{{.accumulation = {.num_steps = 2},
+           .clip = {.max_norm = 0.5},
+           .process_group = {.timeout = 60s},
+           .ddp = {.bucket_cap_bytes = 512,
+                   .first_bucket_cap_bytes = 64,
+                   .gradient_as_bucket_view = v.views,
+                   .bucket_order_from_arrival = v.arrival}}};
+  torch::manual_seed(7);
+  Reversed net;
+  std::unique_ptr<Optimizer> raw;
+  if constexpr (std::is_same_v<Optimizer, torch::optim::SGD>)
+    raw = std::make_unique<Optimizer>(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  else
+    raw = std::make_unique<Optimizer>(net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+  auto [model, opt] = acc.prepare(net, *raw);
+  auto* reducer = model.model_sync().reducer();
+  if (reducer == nullptr || reducer->bucket_count() < 3) return 10;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + acc.process_index());
+  const std::int64_t bytes = parameter_bytes(*net);
+  for (int micro = 0; micro < 40; ++micro) {
+    auto step = acc.accumulate(model);
+    const auto x = torch::randn({8, 8}, gen);
+    const auto y = torch::randn({8, 4}, gen);
+    acc.backward(torch::mse_loss(model(x), y));
+    if (step.sync_gradients()) {
+      // One copy of the gradients with views, two with copies (the buckets and the .grad).
+      const auto held = static_cast<std::int64_t>(reducer->gradient_memory_bytes());
+      if (held != (v.views ? bytes : 2 * bytes)) {
+        std::cerr << v.name << ": gradient memory " << held << " B for " << bytes << " B of parameters\n";
+        return 11;
+      }
+    }
+    if (micro == 1 && v.arrival) {
+      // Rebuilt after the first synchronised backward: the head's gradients come first.
+      const auto layout = reducer->bucket_layout();
+      const std::set<std::size_t> first(layout.front().begin(), layout.front().end());
+      if (!reducer->buckets_rebuilt() || first != std::set<std::size_t>{0, 1}) {
+        std::cerr << v.name << ": buckets not rebuilt in arrival order\n";
+        return 12;
+      }
+    }
+    opt.step();
+    opt.zero_grad(v.set_to_none);
+  }
+  // Registration order waits for the stem's gradients, which come last, before launching
+  // anything: one launch per round (the stem's bias bucket, before its weight) overlaps.
+  // Arrival order launches the head's and the body's buckets while backward still runs.
+  if (!v.arrival && reducer->overlapped_launches() > 20) return 13;
+  if (v.arrival && reducer->overlapped_launches() < 1 + 19 * 2) return 14;
+  if (v.views) {
+    for (const auto& p : net->parameters())
+      if (v.set_to_none == p.grad().defined()) return 15;  // zero_grad(false) keeps the view
+  }
+  out = flat_parameters(*net);
+  return 0;
+}
+
+ACCELERATE_WORKER(reducer_variants) {
+  for (const auto& v : kVariants) {
+    for (const std::string optimizer : {"sgd", "adamw"}) {
+      torch::Tensor params;
+      const int code = optimizer == "sgd" ? train_variant<torch::optim::SGD>(v, optimizer, params)
+                                          : train_variant<torch::optim::AdamW>(v, optimizer, params);
+      if (code != 0) return code;
+      const auto rank = std::getenv("RANK");
+      save_tensor(job_dir() / (std::string(v.name) + "_" + optimizer + "_rank" + rank + ".bin"), params);
+    }
+  }
+  return 0;
+}
+
+class ReducerVariants : public ::testing::TestWithParam<int> {};
+
+// Bucket views change where gradients live, never a bit of the result. Arrival order changes
+// which buckets hold which parameters and at which position, and nothing else: on 2 ranks
+// every variant is bit-identical to the reference; on 3, Gloo's ring all-reduce adds up each
+// element starting from a rank that depends on the element's position in its bucket, so a
+// parameter that moved may be summed as (a + b) + c instead of (b + c) + a, and differ in the
+// last bit (as with another bucket_cap_bytes; measured: 1 ulp after 20 AdamW steps). So on 3
+// ranks the variants are bit-identical within each layout, and within rounding across them.
+TEST_P(ReducerVariants, GiveBitIdenticalParametersToCopiesInTheSameLayout) {
+  const int world = GetParam();
+  auto job = run_job("reducer_variants", {.world_size = world});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    const auto file = [&](const Variant& v, int r) {
+      return job.dir / (std::string(v.name) + "_" + optimizer + "_rank" + std::to_string(r) + ".bin");
+    };
+    const auto reference = load_tensor(file(kVariants[0], 0));                                   // copies
+    const auto arrival_reference = load_tensor(file(kVariants[std::size(kVariants) - 1], 0));  // copies_arrival
+    for (int r = 0; r < world; ++r)
+      for (const auto& v : kVariants) {
+        const auto params = load_tensor(file(v, r));
+        const bool exact = world == 2 || !v.arrival;
+        const auto& expected = exact ? reference : arrival_reference;
+        EXPECT_TRUE(torch::equal(params, expected)) << v.name << " with " << optimizer << " on rank " << r << ": "
+                                                    << (params - expected).abs().max().item<double>();
+        EXPECT_LE((params - reference).abs().max().item<double>(), 1e-6) << v.name << " with " << optimizer;
+      }
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, ReducerVariants, ::testing::Values(2, 3));
+
+// The flattened .grad of every parameter.
+torch::Tensor flat_grads(const torch::nn::Module& module) {
+  std::vector<torch::Tensor> flat;
+  for (const auto& p : module.parameters()) flat.push_back(p.grad().reshape(-1));
+  return torch::cat(flat);
+}
+
+accelerate::DdpOptions compression_from_args() {
+  const std::string args = test_args();
+  accelerate::DdpOptions ddp{.bucket_cap_bytes = 1024, .first_bucket_cap_bytes = 64};
+  if (args.find("fp16") != std::string::npos) ddp.compression = accelerate::GradientCompression::fp16;
+  if (args.find("bf16") != std::string::npos) ddp.compression = accelerate::GradientCompression::bf16;
+  if (args.find("power_sgd") != std::string::npos) {
+    ddp.compression = accelerate::GradientCompression::power_sgd;
+    ddp.power_sgd.start_iteration = 2;  // two rounds uncompressed, then compressed
+    ddp.power_sgd.rank = args.find("full_rank") != std::string::npos ? 32 : 1;
+    if (args.find("full_rank") != std::string::npos) ddp.power_sgd.min_compression_rate = 1e-9;
+  }
+  return ddp;
+}
+
+// Synchronised gradients against the mean of the ranks' local ones, and the bytes each round
+// sent. Prints "round <k> bytes <b> error <e>" per round for the test to read.
+ACCELERATE_WORKER(compressed_buckets) {
+  accelerate::Accelerator<accelerate::Gloo> acc{{.process_group = {.timeout = 60s}, .ddp = compression_from_args()}};
+  torch::manual_seed(3);
+  accelerate::testing::TinyNet net(8, 32, 4);
+  auto [model] = acc.prepare(net);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(50 + acc.process_index());
+  for (int round = 0; round < 4; ++round) {
+    const auto x = torch::randn({16, 8}, gen);
+    {
+      auto local_only = acc.no_sync(model);
+      acc.backward(model(x).pow(2).mean());
+    }
+    const auto local = flat_grads(*net).clone();
+    for (auto& p : net->parameters()) p.mutable_grad().reset();
+    const auto expected = acc.gather(local.unsqueeze(0)).mean(0);
+    const auto before = acc.stats().gradient_allreduce.bytes;
+    acc.backward(model(x).pow(2).mean());
+    const auto sent = acc.stats().gradient_allreduce.bytes - before;
+    const auto synced = flat_grads(*net).clone();
+    for (auto& p : net->parameters()) p.mutable_grad().reset();
+    const double error = ((synced - expected).abs().max() / expected.abs().max()).item<double>();
+    // fc1.weight's averaged gradient, whose singular values say what rank it has.
+    const auto fc1 = synced.narrow(0, 0, 32 * 8).view({32, 8});
+    const auto singular = torch::linalg_svdvals(fc1);
+    std::cout << "round " << round << " bytes " << sent << " error " << error << " second_singular_ratio "
+              << (singular[1] / singular[0]).item<double>() << std::endl;
+    const auto all = acc.gather(synced.unsqueeze(0));
+    if (!torch::equal(all[0], all[1])) return 3;  // every rank ends with the same gradients
+  }
+  return 0;
+}
+
+struct Round {
+  std::uint64_t bytes = 0;
+  double error = 0;
+  double second_singular_ratio = 0;
+};
+std::vector<Round> rounds_of(const std::string& log) {
+  std::vector<Round> rounds;
+  std::istringstream in(log);
+  std::string word;
+  while (in >> word)
+    if (word == "round") {
+      int index;
+      std::string label;
+      Round r;
+      in >> index >> label >> r.bytes >> label >> r.error >> label >> r.second_singular_ratio;
+      rounds.push_back(r);
+    }
+  return rounds;
+}
+
+// TinyNet(8, 32, 4): fc1 32x8 + 32, fc2 4x32 + 4 = 420 fp32 values, 1680 bytes.
+constexpr std::uint64_t kUncompressedBytes = 420 * 4;
+
+TEST(CompressedBuckets, Fp16AndBf16SendHalfTheBytesAndAverageWithinTheirPrecision) {
+  for (const std::string kind : {"fp16", "bf16"}) {
+    auto job = run_job("compressed_buckets", {.world_size = 2, .args = {kind}});
+    ASSERT_EQ(job.exit_code, 0) << job.logs();
+    const auto rounds = rounds_of(job.log(0));
+    ASSERT_EQ(rounds.size(), 4u) << job.log(0);
+    for (const auto& r : rounds) {
+      EXPECT_EQ(r.bytes, kUncompressedBytes / 2) << kind;
+      EXPECT_LT(r.error, kind == "fp16" ? 2e-3 : 1.6e-2) << kind;  // 11 and 8 bits of mantissa
+      EXPECT_GT(r.error, 0.0) << kind << ": compression left no trace; was it applied?";
+    }
+  }
+}
+
+TEST(CompressedBuckets, PowerSgdSendsLowRankFactorsAfterItsStartIteration) {
+  auto job = run_job("compressed_buckets", {.world_size = 2, .args = {"power_sgd"}});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+  const auto rounds = rounds_of(job.log(0));
+  ASSERT_EQ(rounds.size(), 4u) << job.log(0);
+  for (int k = 0; k < 2; ++k) {  // before start_iteration: plain sums
+    EXPECT_EQ(rounds[k].bytes, kUncompressedBytes);
+    EXPECT_LT(rounds[k].error, 1e-6);
+  }
+  // Rank 1: biases as they are (36), P and Q of fc1 (32 + 8) and of fc2 (4 + 32).
+  for (int k = 2; k < 4; ++k) {
+    EXPECT_EQ(rounds[k].bytes, (36u + 40u + 36u) * 4u);
+    EXPECT_LT(rounds[k].second_singular_ratio, 1e-5) << "fc1's gradient is not rank 1";
+    EXPECT_GT(rounds[k].error, 1e-3) << "a rank-1 approximation of a random gradient is not exact";
+  }
+}
+
+// With r = min(n, m) the power iteration spans the whole matrix: the approximation is the
+// average itself (up to rounding), which checks P, Q, the orthonormalisation and the scaling.
+TEST(CompressedBuckets, PowerSgdOfFullRankIsTheAverage) {
+  auto job = run_job("compressed_buckets", {.world_size = 2, .args = {"power_sgd full_rank"}});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+  const auto rounds = rounds_of(job.log(0));
+  ASSERT_EQ(rounds.size(), 4u) << job.log(0);
+  for (int k = 2; k < 4; ++k) {
+    EXPECT_EQ(rounds[k].bytes, (36u + (32u * 8u + 8u * 8u) + (4u * 4u + 32u * 4u)) * 4u);
+    EXPECT_LT(rounds[k].error, 1e-4);
+  }
+}
+
+ACCELERATE_WORKER(exposed_time) {
+  accelerate::Accelerator<accelerate::Gloo> acc{{.process_group = {.timeout = 60s}}};
+  torch::manual_seed(3);
+  accelerate::testing::TinyNet net(8, 32, 4);
+  auto [model] = acc.prepare(net);
+  const auto x = torch::randn({16, 8});
+  acc.backward(model(x).pow(2).mean());
+  const auto first = acc.stats();
+  if (first.last_step.busy_seconds <= 0 || first.time.busy_seconds < first.last_step.busy_seconds) return 3;
+  // Rank 1 arrives late at an explicit all-reduce: rank 0 waits for it, and that wait belongs
+  // to the step that ends with the next synchronised backward.
+  if (acc.process_index() == 1) std::this_thread::sleep_for(400ms);
+  const auto summed = acc.reduce(torch::ones({4}), accelerate::Reduction::sum);
+  if (summed[0].item<double>() != 2.0) return 9;
+  const auto after_wait = acc.stats();
+  acc.backward(model(x).pow(2).mean());
+  const auto second = acc.stats();
+  std::cout << "waited " << (after_wait.time.exposed_seconds - first.time.exposed_seconds) << " step_exposed "
+            << second.last_step.exposed_seconds << " step_busy " << second.last_step.busy_seconds << " overlap "
+            << second.time.overlap() << std::endl;
+  if (acc.process_index() == 0) {
+    if (after_wait.time.exposed_seconds - first.time.exposed_seconds < 0.3) return 4;
+    if (second.last_step.exposed_seconds < 0.3) return 5;
+    // Blocked for a collective means it was in flight all that time.
+    if (second.last_step.busy_seconds < 0.3) return 6;
+  }
+  // The step's time is the difference of the running totals.
+  const auto expected = second.time - first.time;
+  if (std::abs(second.last_step.exposed_seconds - expected.exposed_seconds) > 1e-9) return 7;
+  if (second.time.overlap() < 0 || second.time.overlap() > 1) return 8;
+  return 0;
+}
+
+TEST(CommunicationTime, CountsTheWaitOfTheStepItBelongsTo) {
+  auto job = run_job("exposed_time", {.world_size = 2});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+}
+
+}  // namespace
