@@ -3,10 +3,19 @@
 //   BM_FlatAllreduce             backward, then one all-reduce of all gradients (the floor a
 //                                hand-written loop gets without overlap)
 //   BM_BucketedReducer/<MB>      the Accelerator's reducer: buckets of <MB> all-reduced from
-//                                autograd hooks while backward runs
+//                                autograd hooks while backward runs (gradients as bucket views)
+//   BM_GradientCopies/4          the same with DdpOptions::gradient_as_bucket_view off: each
+//                                gradient copied into its bucket and the average copied back
+//   BM_BucketViewsZeroed/4       views, and zero_grad(false): the views are kept, nothing is
+//                                copied at all
+//   BM_ReversedOrder/registration|arrival  a model registered in the reverse of its run order,
+//                                buckets in registration order or rebuilt in arrival order
+//   BM_Compression/fp16|bf16|power_sgd  compressed buckets (PowerSGD rank 4, from the start)
 //   BM_Accumulate8/no_sync       8 micro-steps per optimizer step, communicating once
 //   BM_Accumulate8/sync_every    the same 8 micro-steps, all-reducing every one
-// Counters: comm_MB per optimizer step (this rank's payload). Every rank runs the same fixed
+// Counters: comm_MB per optimizer step (this rank's payload), gradient_MB (the gradients'
+// memory after backward: buckets and .grad), comm_ms and exposed_ms per step (collectives in
+// flight, and the part the training thread waited for). Every rank runs the same fixed
 // iteration counts in lockstep; the sides alternate, round after round, in one run.
 #include <accelerate/accelerate.hpp>
 
@@ -45,7 +54,53 @@ struct Batch {
   torch::Tensor y = torch::randint(0, 10, {64});
 };
 
+// The same layers registered last-first: reverse registration order (the initial bucket
+// order) is then the order backward produces gradients in reverse.
+struct ReversedMlpImpl : torch::nn::Module {
+  ReversedMlpImpl() {
+    out = register_module("out", torch::nn::Linear(1024, 10));
+    hidden.resize(9, torch::nn::Linear(nullptr));
+    for (int i = 8; i >= 0; --i) hidden[i] = register_module("hidden" + std::to_string(i), torch::nn::Linear(1024, 1024));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& layer : hidden) x = torch::relu(layer(x));
+    return out(x);
+  }
+  std::vector<torch::nn::Linear> hidden;
+  torch::nn::Linear out{nullptr};
+};
+TORCH_MODULE(ReversedMlp);
+
 double megabytes(uint64_t bytes) { return static_cast<double>(bytes) / 1e6; }
+
+// Trains `net` with `ddp` for the benchmark's iterations and sets the counters.
+template <class Net>
+void train_with(benchmark::State& state, Net& net, accelerate::DdpOptions ddp, bool set_to_none = true) {
+  accelerate::Accelerator<accelerate::Gloo> acc{{.process_group = {.timeout = 120s}, .ddp = ddp}};
+  torch::optim::SGD sgd(net->parameters(), 0.001);
+  auto [model, opt] = acc.prepare(net, sgd);
+  const Batch batch;
+  auto* reducer = model.model_sync().reducer();
+  // One step first: buckets rebuilt in arrival order, PowerSGD's state allocated.
+  opt.zero_grad(set_to_none);
+  acc.backward(torch::cross_entropy_loss(model(batch.x), batch.y));
+  const double gradient_mb = reducer ? megabytes(reducer->gradient_memory_bytes()) : 0;
+  opt.step();
+  const auto before = acc.stats();
+  for (auto _ : state) {
+    opt.zero_grad(set_to_none);
+    acc.backward(torch::cross_entropy_loss(model(batch.x), batch.y));
+    opt.step();
+  }
+  const auto after = acc.stats();
+  const double steps = static_cast<double>(state.iterations());
+  state.counters["comm_MB"] = megabytes(after.gradient_allreduce.bytes - before.gradient_allreduce.bytes) / steps;
+  state.counters["gradient_MB"] = gradient_mb;
+  state.counters["comm_ms"] = 1e3 * (after.time.busy_seconds - before.time.busy_seconds) / steps;
+  state.counters["exposed_ms"] = 1e3 * (after.time.exposed_seconds - before.time.exposed_seconds) / steps;
+  state.counters["buckets"] = static_cast<double>(reducer ? reducer->bucket_count() : 0);
+  state.counters["overlapped_launches"] = static_cast<double>(reducer ? reducer->overlapped_launches() : 0) / (steps + 1);
+}
 
 void BM_FlatAllreduce(benchmark::State& state) {
   accelerate::Accelerator<accelerate::Gloo> acc{{.process_group = {.timeout = 120s}}};
@@ -73,21 +128,30 @@ void BM_FlatAllreduce(benchmark::State& state) {
 
 void BM_BucketedReducer(benchmark::State& state) {
   const auto cap = static_cast<std::size_t>(state.range(0)) << 20;
-  accelerate::Accelerator<accelerate::Gloo> acc{
-      {.process_group = {.timeout = 120s},
-       .ddp = {.bucket_cap_bytes = cap, .first_bucket_cap_bytes = std::min(cap, std::size_t{1} << 20)}}};
   BigMlp net;
-  torch::optim::SGD sgd(net->parameters(), 0.001);
-  auto [model, opt] = acc.prepare(net, sgd);
-  const Batch batch;
-  for (auto _ : state) {
-    opt.zero_grad();
-    acc.backward(torch::cross_entropy_loss(model(batch.x), batch.y));
-    opt.step();
-  }
-  const auto stats = acc.stats();
-  state.counters["comm_MB"] = megabytes(stats.gradient_allreduce.bytes) / state.iterations();
-  state.counters["buckets"] = static_cast<double>(model.model_sync().reducer() ? model.model_sync().reducer()->bucket_count() : 0);
+  train_with(state, net, {.bucket_cap_bytes = cap, .first_bucket_cap_bytes = std::min(cap, std::size_t{1} << 20)});
+}
+
+void BM_GradientCopies(benchmark::State& state) {
+  BigMlp net;
+  train_with(state, net, {.gradient_as_bucket_view = false});
+}
+
+void BM_BucketViewsZeroed(benchmark::State& state) {
+  BigMlp net;
+  train_with(state, net, {}, /*set_to_none=*/false);
+}
+
+void BM_ReversedOrder(benchmark::State& state) {
+  ReversedMlp net;
+  train_with(state, net, {.bucket_order_from_arrival = state.range(0) == 1});
+}
+
+void BM_Compression(benchmark::State& state) {
+  BigMlp net;
+  accelerate::DdpOptions ddp{.compression = static_cast<accelerate::GradientCompression>(state.range(0))};
+  ddp.power_sgd = {.rank = 4, .start_iteration = 0};
+  train_with(state, net, ddp);
 }
 
 void BM_Accumulate8(benchmark::State& state) {
@@ -116,6 +180,14 @@ void register_benchmarks() {
     for (int mb : {1, 4, 25, 100})
       benchmark::RegisterBenchmark("BM_BucketedReducer", BM_BucketedReducer)
           ->Arg(mb)->Iterations(kIterations)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_GradientCopies/4", BM_GradientCopies)->Iterations(kIterations)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_BucketViewsZeroed/4", BM_BucketViewsZeroed)->Iterations(kIterations)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_ReversedOrder/registration", BM_ReversedOrder)->Arg(0)->Iterations(kIterations)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_ReversedOrder/arrival", BM_ReversedOrder)->Arg(1)->Iterations(kIterations)->Unit(benchmark::kMillisecond);
+    for (auto c : {accelerate::GradientCompression::fp16, accelerate::GradientCompression::bf16,
+                   accelerate::GradientCompression::power_sgd})
+      benchmark::RegisterBenchmark((std::string("BM_Compression/") + accelerate::to_string(c)).c_str(), BM_Compression)
+          ->Arg(static_cast<int>(c))->Iterations(kIterations)->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_Accumulate8/no_sync", BM_Accumulate8)->Arg(0)->Iterations(kIterations / 3)->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_Accumulate8/sync_every", BM_Accumulate8)->Arg(1)->Iterations(kIterations / 3)->Unit(benchmark::kMillisecond);
   }

@@ -62,6 +62,34 @@ lines.append(f"| BM_Accumulate8/no_sync (per optimizer step) | {no_sync:.1f} | |
 lines.append(f"| BM_Accumulate8/sync_every (per optimizer step) | {every:.1f} | | {comm['BM_Accumulate8/sync_every/1']:.1f} |")
 lines.append(f"\nno_sync communicates {comm['BM_Accumulate8/no_sync/0'] / comm['BM_Accumulate8/sync_every/1']:.4f} of the "
              f"bytes of syncing every micro-step and takes {no_sync / every:.2f} of its time.\n")
+# Gradient communication (bench_sync): bucket views, arrival order, compression, exposed time.
+counter = defaultdict(lambda: defaultdict(list))
+for b in sync:
+    name = b["run_name"].split("/iterations")[0]
+    for key in ("comm_MB", "gradient_MB", "comm_ms", "exposed_ms"):
+        if key in b:
+            counter[name][key].append(b[key])
+
+
+def paired(a, b):
+    r = [x / y for x, y in zip(by[a], by[b])]
+    return f"{statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f})"
+
+
+views = "BM_BucketedReducer/4"
+lines.append("| 2 ranks, ~9.5M-parameter MLP | ms per step | / base, median (min-max) | comm MB per step | gradient MB | comm ms per step | exposed ms | overlap |")
+lines.append("|---|---|---|---|---|---|---|---|")
+for name, base in ((views, views), ("BM_GradientCopies/4", views), ("BM_BucketViewsZeroed/4", views),
+                   ("BM_ReversedOrder/registration/0", "BM_ReversedOrder/registration/0"),
+                   ("BM_ReversedOrder/arrival/1", "BM_ReversedOrder/registration/0"),
+                   ("BM_Compression/fp16/1", views), ("BM_Compression/bf16/2", views),
+                   ("BM_Compression/power_sgd/3", views)):
+    c = {k: statistics.median(v) for k, v in counter[name].items()}
+    busy, exposed = c.get("comm_ms", 0), c.get("exposed_ms", 0)
+    overlap = 1 - exposed / busy if busy > 0 else 0
+    lines.append(f"| {name} | {statistics.median(by[name]):.1f} | {paired(name, base)} | {c.get('comm_MB', 0):.2f} | "
+                 f"{c.get('gradient_MB', 0):.1f} | {busy:.1f} | {exposed:.1f} | {overlap:.2f} |")
+lines.append("")
 _, one = runs("bench_sync_1proc.json")
 one_proc = statistics.median([b["real_time"] for b in one])
 two_proc = statistics.median(by["BM_BucketedReducer/4"])

@@ -37,6 +37,9 @@ struct Args {
   bool env = false;         // print the environment report and exit
   bool check_finite_loss = true;  // a NaN/inf loss stops training, naming the step
   accelerate::RunConfig run;  // precision, accumulation, clipping, processes
+  // How gradient buckets travel (a run-time option: no extra compiled combination).
+  accelerate::GradientCompression compression = accelerate::GradientCompression::none;
+  accelerate::PowerSgdOptions power_sgd{.rank = 4, .start_iteration = 10};
 };
 
 // Counters that survive a resume: saved with the training state through Boost.Hana.
@@ -53,6 +56,8 @@ struct Progress {
             << "                     [--clip-norm X] [--project-dir DIR [--resume]] [--max-train-samples N]\n"
             << "                     [--log-with jsonl,csv,tensorboard|all] [--no-progress] [--env]\n"
             << "                     [--allow-nonfinite-loss]\n"
+            << "                     [--compression none|fp16|bf16|power_sgd [--power-sgd-rank R]\n"
+            << "                      [--power-sgd-start STEPS]]\n"
             << "                     [--config default_config.yaml]   (precedence: flags, then ACCELERATE_*\n"
             << "                                                       variables, then the file)\n";
   std::exit(2);
@@ -124,6 +129,16 @@ Args parse(int argc, char** argv) {
     }
     else if (flag == "--accum") a.run.gradient_accumulation_steps = parse_count<std::size_t>(flag, value());
     else if (flag == "--clip-norm") a.run.max_grad_norm = parse_real(flag, value());
+    else if (flag == "--power-sgd-rank") a.power_sgd.rank = parse_count<int>(flag, value());
+    else if (flag == "--power-sgd-start") a.power_sgd.start_iteration = parse_count<std::size_t>(flag, value());
+    else if (flag == "--compression") {
+      const std::string c = value();
+      if (c == "none") a.compression = accelerate::GradientCompression::none;
+      else if (c == "fp16") a.compression = accelerate::GradientCompression::fp16;
+      else if (c == "bf16") a.compression = accelerate::GradientCompression::bf16;
+      else if (c == "power_sgd") a.compression = accelerate::GradientCompression::power_sgd;
+      else usage("--compression must be none, fp16, bf16 or power_sgd");
+    }
     else if (flag == "--precision") {
       const std::string p = value();
       if (p != "fp32" && p != "bf16" && p != "fp16") usage("--precision must be fp32, bf16 or fp16");
@@ -167,6 +182,8 @@ int train(const Args& args) {
     return 0;
   }
   accelerate::AcceleratorOptions options{.seed = args.seed, .check_finite_loss = args.check_finite_loss};
+  options.ddp.compression = args.compression;
+  options.ddp.power_sgd = args.power_sgd;
   options.tracking.log_with = args.log_with;
   if (!args.project_dir.empty())
     options.project = {.project_dir = args.project_dir, .automatic_checkpoint_naming = true, .total_limit = 2};
@@ -209,9 +226,15 @@ int train(const Args& args) {
       ++batches;
       const double loss_value = loss.template item<double>();
       bar.update(loss_value);
-      if (progress.micro_steps % 100 == 0)
-        acc.log({{"train/loss", loss_value}, {"train/lr", adam.param_groups()[0].options().get_lr()}},
+      if (progress.micro_steps % 100 == 0) {
+        // The last synchronised step's communication: how long training waited for it.
+        const auto comm = acc.stats().last_step;
+        acc.log({{"train/loss", loss_value},
+                 {"train/lr", adam.param_groups()[0].options().get_lr()},
+                 {"comm/exposed_ms", 1e3 * comm.exposed_seconds},
+                 {"comm/busy_ms", 1e3 * comm.busy_seconds}},
                 progress.micro_steps);
+      }
     }
     bar.close();
     progress.last_epoch_loss = acc.reduce(loss_sum, accelerate::Reduction::mean).template item<double>() /
@@ -244,6 +267,12 @@ int train(const Args& args) {
         {"micro_steps", progress.micro_steps},
         {"optimizer_steps", progress.optimizer_steps},
         {"allreduce_calls", acc.stats().allreduce.calls},
+        {"compression", accelerate::to_string(args.compression)},
+        {"gradient_bytes_sent", acc.stats().gradient_allreduce.bytes},
+        // Time on collectives (seconds): in flight, and the part training waited for.
+        {"comm_seconds", acc.stats().time.busy_seconds},
+        {"comm_exposed_seconds", acc.stats().time.exposed_seconds},
+        {"comm_overlap", acc.stats().time.overlap()},
         {"train_loss", progress.last_epoch_loss},
         {"test_samples", total},
         {"test_accuracy", accuracy},
