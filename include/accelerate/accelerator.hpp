@@ -400,12 +400,13 @@ class Accelerator {
       return AlwaysSyncScope{};
     } else {
       ctx_.accumulation.advance(ctx_.core.gradient_state, ctx_.core.options.accumulation.sync_with_dataloader);
+      const bool sync = ctx_.accumulation.sync();
       if constexpr (distributed) {
         return AccumulateScope<model_sync_type, sizeof...(Models)>(
-            ctx_.accumulation.sync(), {&models.model_sync()...});
+            sync, sync || ctx_.core.options.accumulation.sync_each_batch, {&models.model_sync()...});
       } else {
         ((void)models, ...);
-        return AccumulateScope<model_sync_type, 0>(ctx_.accumulation.sync(), {});
+        return AccumulateScope<model_sync_type, 0>(sync, sync, {});
       }
     }
   }
@@ -614,26 +615,48 @@ class Accelerator {
     std::forward<Fn>(fn)();
     return true;
   }
+  /// Runs `fn` on the last process only; returns whether it ran.
+  template <class Fn>
+  bool on_last_process(Fn&& fn) {
+    return on_process(num_processes() - 1, std::forward<Fn>(fn));
+  }
+  /// Runs `fn` on local process `local_index` of every node only; returns whether it ran.
+  /// Example:
+  ///   acc.on_local_process(1, [] { warm_the_node_cache(); });
+  template <class Fn>
+  bool on_local_process(int local_index, Fn&& fn) {
+    if (local_process_index() != local_index) return false;
+    std::forward<Fn>(fn)();
+    return true;
+  }
 
-  /// Scope in which the main process runs first and the others wait for it (downloads,
-  /// preprocessing): others block at entry, the main process at exit.
+  /// Scope in which some processes run first and the others wait for them (downloads,
+  /// preprocessing): the others block at entry, the first ones at exit (both through
+  /// wait_for_everyone, so every process must open and close it).
   class [[nodiscard]] MainProcessFirst {
    public:
-    explicit MainProcessFirst(Accelerator& acc) : acc_(acc) {
-      if (!acc_.is_main_process()) acc_.wait_for_everyone();
+    MainProcessFirst(Accelerator& acc, bool goes_first) : acc_(acc), goes_first_(goes_first) {
+      if (!goes_first_) acc_.wait_for_everyone();
     }
+    explicit MainProcessFirst(Accelerator& acc) : MainProcessFirst(acc, acc.is_main_process()) {}
     ~MainProcessFirst() {
-      if (acc_.is_main_process()) acc_.wait_for_everyone();
+      if (goes_first_) acc_.wait_for_everyone();
     }
     MainProcessFirst(const MainProcessFirst&) = delete;
     MainProcessFirst& operator=(const MainProcessFirst&) = delete;
 
    private:
     Accelerator& acc_;
+    bool goes_first_;
   };
+  /// The main process first, then the others.
   /// Example: { auto first = acc.main_process_first(); prepare_cache(); }
   [[nodiscard("keep the scope alive: auto first = acc.main_process_first();")]]
-  MainProcessFirst main_process_first() { return MainProcessFirst(*this); }
+  MainProcessFirst main_process_first() { return MainProcessFirst(*this, is_main_process()); }
+  /// Each node's local main process first, then the others (a per-node cache).
+  /// Example: { auto first = acc.local_main_process_first(); fill_node_cache(); }
+  [[nodiscard("keep the scope alive: auto first = acc.local_main_process_first();")]]
+  MainProcessFirst local_main_process_first() { return MainProcessFirst(*this, is_local_main_process()); }
 
  private:
   /// A description of the compile-time configuration and the options every rank must share,
@@ -651,6 +674,8 @@ class Accelerator {
     // Options that change which collectives run, only when not the default, so a default
     // configuration's fingerprint (and its checkpoints') stays what it was.
     if (!o.ddp.bucket_order_from_arrival) out << " ddp.bucket_order_from_arrival=0";
+    if (o.accumulation.sync_each_batch) out << " accumulation.sync_each_batch=1";
+    if (o.accumulation.loss_divisor == LossDivisor::num_steps) out << " accumulation.loss_divisor=num_steps";
     if (o.ddp.compression != GradientCompression::none) {
       out << " ddp.compression=" << to_string(o.ddp.compression);
       if (o.ddp.compression == GradientCompression::power_sgd)

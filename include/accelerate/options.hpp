@@ -35,6 +35,16 @@ struct GatherForMetricsOptions {
   bool use_gather_object = false;
 };
 
+/// What backward() divides the loss by in an accumulation window of N micro-steps.
+enum class LossDivisor {
+  /// The window's real length: N, or fewer when a prepared dataloader ends the window early,
+  /// so that a short final window's gradient is its mean too (the default here).
+  window_length,
+  /// Always N, as Python Accelerate does: a short final window's gradient is scaled down by
+  /// its length / N.
+  num_steps,
+};
+
 /// Gradient accumulation, read by the Accumulation policy's step state (Accelerate's
 /// GradientAccumulationPlugin).
 /// Example:
@@ -45,6 +55,14 @@ struct AccumulationOptions {
   std::size_t num_steps = 0;
   /// Force a sync (and an optimizer step) on the last batch of a prepared dataloader.
   bool sync_with_dataloader = true;
+  /// Communicate gradients on every micro-step, not only on boundaries; the optimizer still
+  /// steps only on boundaries (Accelerate's sync_each_batch). Each micro-step's all-reduce
+  /// averages what accumulated so far, so no rank holds an un-synchronised window of
+  /// gradients; the result is the same as without it (to rounding), for N - 1 more
+  /// all-reduces per window.
+  bool sync_each_batch = false;
+  /// What backward() divides the loss by (see LossDivisor).
+  LossDivisor loss_divisor = LossDivisor::window_length;
 };
 
 /// Clipping thresholds, read by the Clip policy's step state (the norm type is in ClipNorm<P>).

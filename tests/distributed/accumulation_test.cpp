@@ -131,6 +131,51 @@ TEST(AccumulationTwoRanks, NoSyncCommunicatesOneNthOfTheBytes) {
   EXPECT_EQ(read(accumulated) * 8, read(every));
 }
 
+// 16 micro-steps in windows of 4, each rank its own data; with sync_each_batch every micro-step
+// all-reduces (and the gradients are the same on every rank inside the window), without it only
+// the boundaries do. The optimizer steps on the boundaries either way.
+ACCELERATE_WORKER(sync_each_batch) {
+  const char* args = std::getenv("ACCELERATE_TEST_ARGS");
+  const bool each = args && std::string(args).find("each") != std::string::npos;
+  accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::AccumulateDynamic> acc{
+      {.accumulation = {.num_steps = 4, .sync_each_batch = each}, .process_group = {.timeout = 60s}}};
+  torch::manual_seed(3);
+  TinyNet net;
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto [model, opt] = acc.prepare(net, sgd);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(40 + acc.process_index());
+  int optimizer_steps = 0;
+  for (int micro = 0; micro < 16; ++micro) {
+    auto step = acc.accumulate(model);
+    const auto x = torch::randn({8, 8}, gen);
+    const auto y = torch::randn({8, 4}, gen);
+    acc.backward(torch::mse_loss(model(x), y));
+    if (!step.sync_gradients()) {
+      const auto all = acc.gather(accelerate::testing::flat_gradients(*net).unsqueeze(0));
+      if (torch::equal(all[0], all[1]) != each) return 3;  // averaged already, or still local
+    }
+    const auto before = flat_parameters(*net);
+    opt.step();
+    opt.zero_grad();
+    const bool moved = !torch::equal(before, flat_parameters(*net));
+    if (moved != step.sync_gradients()) return 4;  // the optimizer steps on boundaries only
+    optimizer_steps += moved ? 1 : 0;
+  }
+  if (optimizer_steps != 4 || acc.stats().grad_sync_rounds != (each ? 16u : 4u)) return 5;
+  if (acc.is_main_process()) save_tensor(job_dir() / "params.bin", flat_parameters(*net));
+  return 0;
+}
+
+TEST(AccumulationTwoRanks, SyncEachBatchCommunicatesEveryMicroStepWithTheSameResult) {
+  auto boundaries = run_job("sync_each_batch", {.world_size = 2});
+  auto each = run_job("sync_each_batch", {.world_size = 2, .args = {"each"}});
+  ASSERT_EQ(boundaries.exit_code, 0) << boundaries.logs();
+  ASSERT_EQ(each.exit_code, 0) << each.logs();
+  // The mean of running means is the mean, to rounding.
+  EXPECT_LE((load_tensor(each.dir / "params.bin") - load_tensor(boundaries.dir / "params.bin")).abs().max().item<double>(),
+            1e-6);
+}
+
 // accumulate() inside no_sync(): the inner scope restores what it found, so the whole
 // no_sync block communicates nothing, the boundary micro-step included.
 ACCELERATE_WORKER(accumulate_inside_no_sync) {

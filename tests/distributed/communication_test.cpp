@@ -16,6 +16,7 @@
 namespace {
 
 using namespace std::chrono_literals;
+using accelerate::testing::flat_gradients;
 using accelerate::testing::flat_parameters;
 using accelerate::testing::job_dir;
 using accelerate::testing::load_tensor;
@@ -168,13 +169,6 @@ TEST_P(ReducerVariants, GiveBitIdenticalParametersToCopiesInTheSameLayout) {
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, ReducerVariants, ::testing::Values(2, 3));
 
-// The flattened .grad of every parameter.
-torch::Tensor flat_grads(const torch::nn::Module& module) {
-  std::vector<torch::Tensor> flat;
-  for (const auto& p : module.parameters()) flat.push_back(p.grad().reshape(-1));
-  return torch::cat(flat);
-}
-
 accelerate::DdpOptions compression_from_args() {
   const std::string args = test_args();
   accelerate::DdpOptions ddp{.bucket_cap_bytes = 1024, .first_bucket_cap_bytes = 64};
@@ -203,13 +197,13 @@ ACCELERATE_WORKER(compressed_buckets) {
       auto local_only = acc.no_sync(model);
       acc.backward(model(x).pow(2).mean());
     }
-    const auto local = flat_grads(*net).clone();
+    const auto local = flat_gradients(*net).clone();
     for (auto& p : net->parameters()) p.mutable_grad().reset();
     const auto expected = acc.gather(local.unsqueeze(0)).mean(0);
     const auto before = acc.stats().gradient_allreduce.bytes;
     acc.backward(model(x).pow(2).mean());
     const auto sent = acc.stats().gradient_allreduce.bytes - before;
-    const auto synced = flat_grads(*net).clone();
+    const auto synced = flat_gradients(*net).clone();
     for (auto& p : net->parameters()) p.mutable_grad().reset();
     const double error = ((synced - expected).abs().max() / expected.abs().max()).item<double>();
     // fc1.weight's averaged gradient, whose singular values say what rank it has.

@@ -12,6 +12,7 @@ namespace {
 using namespace std::chrono_literals;
 using accelerate::testing::JobOptions;
 using accelerate::testing::TinyNet;
+using accelerate::testing::flat_gradients;
 using accelerate::testing::flat_parameters;
 using accelerate::testing::job_dir;
 using accelerate::testing::load_tensor;
@@ -70,12 +71,6 @@ TEST_P(DataParallel, EqualsOneProcessWithTheGlobalBatch) {
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel, ::testing::Values(2, 3));
 
-torch::Tensor flat_grads(const torch::nn::Module& module) {
-  std::vector<torch::Tensor> flat;
-  for (const auto& p : module.parameters()) flat.push_back(p.grad().reshape(-1));
-  return torch::cat(flat);
-}
-
 ACCELERATE_WORKER(buckets_average) {
   // Small buckets: several all-reduces per backward, launched from hooks during backward.
   accelerate::Accelerator<accelerate::Gloo> acc{
@@ -90,12 +85,12 @@ ACCELERATE_WORKER(buckets_average) {
     auto local_only = acc.no_sync(model);
     acc.backward(model(x).pow(2).mean());
   }
-  const auto local = flat_grads(*net).clone();
+  const auto local = flat_gradients(*net).clone();
   for (auto& p : net->parameters()) p.mutable_grad().reset();
   if (acc.stats().gradient_allreduce.calls != 0) return 5;  // no_sync communicated nothing
 
   acc.backward(model(x).pow(2).mean());
-  const auto synced = flat_grads(*net);
+  const auto synced = flat_gradients(*net);
   const auto expected = acc.gather(local.unsqueeze(0)).mean(0);
   if ((synced - expected).abs().max().item<double>() > 1e-6) return 6;
   const auto stats = acc.stats();

@@ -66,6 +66,14 @@ inline data::TensorDataset classification_data(int64_t n, int64_t in = 8, int64_
   return {x, y};
 }
 
+/// Every parameter's .grad flattened into one tensor, in parameters() order (each must be
+/// defined).
+inline torch::Tensor flat_gradients(const torch::nn::Module& module) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : module.parameters()) parts.push_back(p.grad().reshape(-1));
+  return torch::cat(parts);
+}
+
 /// Every parameter of a module flattened into one tensor (to compare models).
 inline torch::Tensor flat_parameters(const torch::nn::Module& module) {
   std::vector<torch::Tensor> parts;

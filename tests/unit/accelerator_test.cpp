@@ -16,6 +16,42 @@ using accelerate::testing::TinyNet;
 using accelerate::testing::flat_parameters;
 using accelerate::testing::regression_data;
 
+TEST(Accelerator, ProcessHelpersRunOnTheProcessTheyName) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  int ran = 0;
+  EXPECT_TRUE(acc.on_last_process([&] { ++ran; }));  // the only process is the last
+  EXPECT_TRUE(acc.on_local_process(0, [&] { ++ran; }));
+  EXPECT_FALSE(acc.on_local_process(1, [&] { ++ran; }));
+  EXPECT_FALSE(acc.on_process(1, [&] { ++ran; }));
+  EXPECT_EQ(ran, 2);
+  {
+    auto first = acc.local_main_process_first();
+    ++ran;
+  }
+  EXPECT_EQ(ran, 3);
+}
+
+// Accelerate's dict case: every value split at the same positions.
+TEST(SplitBetweenProcesses, SplitsEveryValueOfAMapAlike) {
+  const std::map<std::string, std::vector<int>> inputs{{"a", {1, 2, 3, 4, 5}}, {"b", {6, 7, 8, 9, 10}}};
+  using accelerate::distributed::split_between_processes;
+  EXPECT_EQ(split_between_processes(inputs, 0, 2), (std::map<std::string, std::vector<int>>{{"a", {1, 2, 3}}, {"b", {6, 7, 8}}}));
+  EXPECT_EQ(split_between_processes(inputs, 1, 2), (std::map<std::string, std::vector<int>>{{"a", {4, 5}}, {"b", {9, 10}}}));
+  EXPECT_EQ(split_between_processes(inputs, 1, 2, /*apply_padding=*/true),
+            (std::map<std::string, std::vector<int>>{{"a", {4, 5, 5}}, {"b", {9, 10, 10}}}));
+  const std::map<std::string, torch::Tensor> tensors{{"x", torch::arange(6).view({3, 2})}, {"y", torch::arange(3)}};
+  const auto part = split_between_processes(tensors, 1, 2);
+  EXPECT_TRUE(torch::equal(part.at("x"), torch::tensor({{4, 5}})));
+  EXPECT_TRUE(torch::equal(part.at("y"), torch::tensor({2})));
+  const std::map<std::string, std::vector<int>> uneven{{"a", {1, 2, 3}}, {"b", {4, 5}}};
+  try {
+    split_between_processes(uneven, 0, 2);
+    ADD_FAILURE() << "values of different lengths were split";
+  } catch (const accelerate::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'a' has 3 and 'b' 2"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Accelerator, DefaultIsOneCpuProcess) {
   accelerate::Accelerator<> acc{{.cpu = true}};
   EXPECT_EQ(acc.device(), torch::Device(torch::kCPU));

@@ -250,9 +250,13 @@ T pad_across_processes([[maybe_unused]] E& engine, const T& data, [[maybe_unused
 
 /// Process `rank`'s contiguous share of `inputs` (a vector or a tensor's rows) among `world`
 /// processes: the first len % world get one extra item; with `apply_padding` every process
-/// gets ceil(len / world) items, the last item repeated. Communicates nothing.
+/// gets ceil(len / world) items, the last item repeated. A std::map of name -> vector or
+/// tensor (Accelerate's dict) is split value by value at the same positions; its values must
+/// all have the same length (else an error naming the first that differs). Communicates
+/// nothing.
 /// Example:
 ///   auto mine = accelerate::distributed::split_between_processes(prompts, rank, world);
+///   auto part = split_between_processes(std::map<std::string, at::Tensor>{{"x", x}, {"y", y}}, rank, world);
 template <class T>
 T split_between_processes(const T& inputs, int rank, int world, bool apply_padding = false) {
   const auto processes = static_cast<std::size_t>(world);
@@ -263,7 +267,24 @@ T split_between_processes(const T& inputs, int rank, int world, bool apply_paddi
     const std::size_t count = base + (index < extra ? 1 : 0);
     return std::pair{begin, count};
   };
-  if constexpr (std::is_same_v<T, at::Tensor>) {
+  if constexpr (accelerate::detail::is_string_map<T>::value) {
+    (void)slice_range;
+    T out;
+    if (inputs.empty()) return out;
+    const auto length_of = [](const auto& value) -> std::size_t {
+      if constexpr (std::is_same_v<std::decay_t<decltype(value)>, at::Tensor>)
+        return value.dim() == 0 ? 0 : static_cast<std::size_t>(value.size(0));
+      else return value.size();
+    };
+    const auto& first = *inputs.begin();
+    const std::size_t length = length_of(first.second);
+    for (const auto& [key, value] : inputs) {
+      ACCELERATE_CHECK(length_of(value) == length, "split_between_processes: every value of the map must have "
+                       "the same length, but '", first.first, "' has ", length, " and '", key, "' ", length_of(value));
+      out.emplace(key, split_between_processes(value, rank, world, apply_padding));
+    }
+    return out;
+  } else if constexpr (std::is_same_v<T, at::Tensor>) {
     const auto length = static_cast<std::size_t>(inputs.size(0));
     auto [begin, count] = slice_range(length);
     at::Tensor out = inputs.narrow(0, static_cast<std::int64_t>(begin), static_cast<std::int64_t>(count));

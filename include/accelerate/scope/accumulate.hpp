@@ -22,11 +22,13 @@ struct [[nodiscard, maybe_unused]] AlwaysSyncScope {
 template <class ModelSync, std::size_t N>
 class [[nodiscard, maybe_unused]] AccumulateScope {
  public:
-  AccumulateScope(bool sync_gradients, std::array<ModelSync*, N> models) noexcept
+  /// `communicate`: whether the models' gradients are synchronised in this micro-step (the
+  /// boundary, or every micro-step with AccumulationOptions::sync_each_batch).
+  AccumulateScope(bool sync_gradients, bool communicate, std::array<ModelSync*, N> models) noexcept
       : sync_gradients_(sync_gradients), models_(models) {
     for (std::size_t i = 0; i < N; ++i) {
       previous_[i] = models_[i]->sync_enabled();
-      if (!sync_gradients_) models_[i]->set_sync(false);
+      if (!communicate) models_[i]->set_sync(false);
     }
   }
   ~AccumulateScope() {
@@ -48,7 +50,7 @@ class [[nodiscard, maybe_unused]] AccumulateScope {
 template <class ModelSync>
 class [[nodiscard, maybe_unused]] AccumulateScope<ModelSync, 0> {
  public:
-  AccumulateScope(bool sync_gradients, std::array<ModelSync*, 0>) noexcept
+  AccumulateScope(bool sync_gradients, bool /*communicate*/, std::array<ModelSync*, 0>) noexcept
       : sync_gradients_(sync_gradients) {}
   // User-provided, so that `auto step = acc.accumulate(model);` is not "set but not used".
   ~AccumulateScope() {}

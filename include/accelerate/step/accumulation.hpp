@@ -82,9 +82,9 @@ class AccumulationWindow {
 
   void advance(const GradientState& loaders, bool sync_with_dataloader) {
     // Outside every prepared loop the loader state says nothing, so the window is N long.
-    if (sync_) {
+    if (sync_ && loss_divisor_ == LossDivisor::window_length) {
       // A new window: divide by its real length when the dataloader ends it early, so the
-      // gradient is the window's mean (Accelerate always divides by N).
+      // gradient is the window's mean (Accelerate always divides by N: LossDivisor::num_steps).
       const std::size_t remaining = sync_with_dataloader ? loaders.remaining() : 0;
       divisor_ = static_cast<double>(remaining > 0 ? std::min(steps_, remaining) : steps_);
     }
@@ -111,10 +111,12 @@ class AccumulationWindow {
   }
 
  protected:
-  explicit AccumulationWindow(std::size_t steps) : steps_(steps), divisor_(static_cast<double>(steps)) {}
+  explicit AccumulationWindow(std::size_t steps, LossDivisor loss_divisor = LossDivisor::window_length)
+      : steps_(steps), loss_divisor_(loss_divisor), divisor_(static_cast<double>(steps)) {}
 
  private:
   std::size_t steps_;       // N: micro-steps per optimizer step
+  LossDivisor loss_divisor_;
   std::size_t step_ = 0;
   bool sync_ = true;        // this micro-step completes a window
   double divisor_;          // what backward() divides the loss by in the current window
@@ -124,7 +126,7 @@ class AccumulationWindow {
 template <std::size_t N>
 class AccumulationStep<Accumulate<N>> : public AccumulationWindow {
  public:
-  explicit AccumulationStep(const AccumulationOptions& o) : AccumulationWindow(N) {
+  explicit AccumulationStep(const AccumulationOptions& o) : AccumulationWindow(N, o.loss_divisor) {
     ACCELERATE_CHECK(o.num_steps == 0 || o.num_steps == N, "AcceleratorOptions::accumulation.num_steps is ",
                      o.num_steps, " but the policy is Accumulate<", N, ">; leave it 0 or use AccumulateDynamic");
   }
@@ -134,7 +136,8 @@ class AccumulationStep<Accumulate<N>> : public AccumulationWindow {
 template <>
 class AccumulationStep<AccumulateDynamic> : public AccumulationWindow {
  public:
-  explicit AccumulationStep(const AccumulationOptions& o) : AccumulationWindow(checked(o.num_steps)) {}
+  explicit AccumulationStep(const AccumulationOptions& o)
+      : AccumulationWindow(checked(o.num_steps), o.loss_divisor) {}
 
  private:
   static std::size_t checked(std::size_t steps) {

@@ -78,6 +78,25 @@ TYPED_TEST(AccumulationStepConformance, AStateDictRestoresThePositionInTheWindow
   EXPECT_EQ(this->syncs(restored, 2 * step.steps()), this->syncs(step, 2 * step.steps()));
 }
 
+// 5 batches in windows of 4: the last window holds one batch. By default its loss is divided
+// by 1 (the window's mean); with LossDivisor::num_steps by 4, as Python Accelerate does.
+TEST(AccumulationStep, AShortFinalWindowIsDividedByItsLengthOrByNAsAsked) {
+  for (const auto divisor : {accelerate::LossDivisor::window_length, accelerate::LossDivisor::num_steps}) {
+    AccumulationStep<accelerate::AccumulateDynamic> step({.num_steps = 4, .loss_divisor = divisor});
+    GradientState loaders;
+    GradientState::Activation epoch(loaders);
+    std::vector<double> divided;
+    for (std::size_t batch = 0; batch < 5; ++batch) {
+      epoch.update({.at_last_batch = batch == 4, .remaining = 5 - batch});
+      step.advance(loaders, /*sync_with_dataloader=*/true);
+      divided.push_back(at::Tensor(step.divide(at::full({}, 12.0))).item<double>());
+    }
+    const double last = divisor == accelerate::LossDivisor::num_steps ? 3.0 : 12.0;
+    EXPECT_EQ(divided, (std::vector<double>{3.0, 3.0, 3.0, 3.0, last}));
+    EXPECT_TRUE(step.sync());  // the last batch ends the window either way
+  }
+}
+
 TEST(AccumulationStep, OptionsThatContradictThePolicyAreRefused) {
   EXPECT_THROW(AccumulationStep<accelerate::NoAccumulation>({.num_steps = 4}), accelerate::Error);
   EXPECT_THROW(AccumulationStep<accelerate::Accumulate<4>>({.num_steps = 2}), accelerate::Error);
