@@ -11,7 +11,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/csrc/autograd/grad_mode.h>
+#include <ATen/core/grad_mode.h>
 
 #include <accelerate/options.hpp>
 
@@ -78,7 +78,7 @@ class BucketCompressor {
   /// What to sum across ranks instead of `flat` (this rank's gradients; PowerSGD adds the
   /// error feedback to it in place). A buffer kept between steps.
   at::Tensor compress(at::Tensor& flat, int world_size) {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     if (kind_ == GradientCompression::fp16 || kind_ == GradientCompression::bf16) {
       // Divided before the sum, as PyTorch's hooks do, so that the sum stays in range.
       if (!wire_.defined())
@@ -106,7 +106,7 @@ class BucketCompressor {
   /// Given the sum of compress()'s tensors: for fp16/bf16 and uncompressed tensors, writes the
   /// average into `flat`; for PowerSGD's matrices returns Q to sum next (else undefined).
   at::Tensor decompress(at::Tensor& flat, int world_size) {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     if (kind_ != GradientCompression::power_sgd) {
       flat.copy_(wire_);
       return {};
@@ -127,7 +127,7 @@ class BucketCompressor {
   /// size into `flat`, and what that misses of this rank's (error-fed) gradient kept for next
   /// time.
   void finish(at::Tensor& flat, int world_size) {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     q_.div_(world_size);
     for (const auto& m : matrices_) {
       at::Tensor target = matrix(flat, m);
