@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,6 +30,7 @@
 
 #include <accelerate/checkpoint/module_state.hpp>
 #include <accelerate/checkpoint/registry.hpp>
+#include <accelerate/checkpoint/safetensors.hpp>
 #include <accelerate/checkpoint/sharding.hpp>
 #include <accelerate/checkpoint/state.hpp>
 #include <accelerate/checkpoint/stateful.hpp>
@@ -361,6 +363,56 @@ class Accelerator {
     const auto state = distributed::full_model_state(ctx_.engine, module_of(model));  // collective when sharded
     if (distributed::writes_replicated_state(ctx_.engine)) checkpoint::write_model_files(state, dir, options);
     wait_for_everyone();
+  }
+
+  /// A model's full parameters and buffers under their unwrapped names (Accelerate's
+  /// get_state_dict), whatever the backend: a sharded backend gathers them, so then every rank
+  /// must call it. The tensors are the model's own where it holds them whole (no copy).
+  /// Example:
+  ///   acc.save(acc.get_state_dict(model), "out/weights.safetensors");
+  template <class Model>
+  std::map<std::string, at::Tensor> get_state_dict(const Model& model) {
+    std::map<std::string, at::Tensor> out;
+    for (auto& [name, tensor] : distributed::full_model_state(ctx_.engine, module_of(model)))
+      out.emplace(name, tensor.detach());
+    return out;
+  }
+
+  /// Writes `tensors` to `path` as one safetensors file on the main process only, atomically
+  /// (a temporary beside it, fsynced, renamed), as Accelerate's `save(obj, f,
+  /// safe_serialization=True)`; returns whether this process wrote. No collective: it may be
+  /// called on the main process alone.
+  /// Example:
+  ///   acc.save({{"ema.weight", ema_weight}}, "runs/a/ema.safetensors");
+  bool save(const std::map<std::string, at::Tensor>& tensors, const std::filesystem::path& path,
+            const std::map<std::string, std::string>& metadata = {{"format", "pt"}}) const {
+    if (!is_main_process()) return false;
+    checkpoint::save_safetensors(path, tensors, metadata);
+    return true;
+  }
+
+  /// Registers `hook(dir)`, called on every process by each save_state once the checkpoint's
+  /// folder exists and before the state is written (Accelerate's
+  /// register_save_state_pre_hook). `dir` is the folder being written, still staged: a file
+  /// the hook writes there is published with the rest, atomically, and checksummed in the
+  /// manifest. Returns a handle whose remove() unregisters it.
+  /// Example:
+  ///   auto handle = acc.register_save_state_pre_hook([&](const std::filesystem::path& dir) {
+  ///     if (acc.is_main_process()) std::ofstream(dir / "notes.json") << notes.dump();
+  ///   });
+  checkpoint::StateHooks::Handle register_save_state_pre_hook(checkpoint::StateHooks::Hook hook) {
+    return ctx_.core.state_hooks.add_save(std::move(hook));
+  }
+  /// Registers `hook(dir)`, called on every process by each load_state with the checkpoint's
+  /// folder, once its files are verified and before any object is restored (Accelerate's
+  /// register_load_state_pre_hook); an error it raises fails load_state with nothing changed.
+  /// Returns a handle whose remove() unregisters it.
+  /// Example:
+  ///   auto handle = acc.register_load_state_pre_hook([&](const std::filesystem::path& dir) {
+  ///     notes = nlohmann::json::parse(std::ifstream(dir / "notes.json"));
+  ///   });
+  checkpoint::StateHooks::Handle register_load_state_pre_hook(checkpoint::StateHooks::Hook hook) {
+    return ctx_.core.state_hooks.add_load(std::move(hook));
   }
 
   /// The project configuration (checkpoint folder, numbering, rotation).
@@ -703,7 +755,9 @@ class Accelerator {
             distributed::writes_replicated_state(ctx_.engine),
             fingerprint(ctx_.core.options),
             [this] { wait_for_everyone(); },
-            ctx_.core.options.process_group.timeout};
+            ctx_.core.options.process_group.timeout,
+            [this](const std::filesystem::path& dir) { ctx_.core.state_hooks.run_save(dir); },
+            [this](const std::filesystem::path& dir) { ctx_.core.state_hooks.run_load(dir); }};
   }
 
   static const AcceleratorOptions& validated(const AcceleratorOptions& options) {
@@ -741,6 +795,8 @@ class Accelerator {
     auto sync = ctx_.engine.make_model_sync(*holder, name, ctx_.core.options);
     std::shared_ptr<torch::nn::Module> shared = detail::module_pointer(holder);
     ctx_.core.checkpoint.add_model(std::move(shared));
+    if constexpr (requires { sync.checkpoint_entry(name); })
+      if (auto entry = sync.checkpoint_entry(name)) ctx_.core.checkpoint.add(std::move(*entry));
     return PreparedModel<Holder, Accelerator>(std::move(holder), &ctx_, std::move(sync));
   }
 

@@ -506,6 +506,65 @@ TEST(SaveState, ExplicitFolderIsReplacedAtomically) {
   EXPECT_EQ(entries, 1u) << "no staging or previous folder left behind";
 }
 
+// A save hook keeps a file of its own in the checkpoint: written into the staged folder, so it
+// is published atomically with the rest and checksummed; a load hook reads it before any
+// object is restored, and an error it raises leaves everything as it was. Removed, neither runs.
+TEST(StateHooks, KeepAFileOfTheirOwnInTheCheckpointUntilRemoved) {
+  TempDir dir;
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  TinyNet net;
+  auto [model] = acc.prepare(net);
+  std::vector<std::string> calls;
+  int note = 7;
+  auto save_hook = acc.register_save_state_pre_hook([&](const std::filesystem::path& staged) {
+    calls.push_back("save");
+    EXPECT_FALSE(std::filesystem::exists(staged / "model.safetensors")) << "the hook runs before the state is written";
+    std::ofstream(staged / "notes.json") << nlohmann::json{{"note", note}}.dump();
+  });
+  auto load_hook = acc.register_load_state_pre_hook([&](const std::filesystem::path& folder) {
+    calls.push_back("load");
+    note = nlohmann::json::parse(std::ifstream(folder / "notes.json")).at("note").get<int>();
+  });
+  acc.save_state(dir / "a");
+  EXPECT_TRUE(std::filesystem::exists(dir / "a" / "notes.json"));
+  note = 0;
+  acc.load_state(dir / "a");
+  EXPECT_EQ(note, 7);
+  EXPECT_EQ(calls, (std::vector<std::string>{"save", "load"}));
+
+  // Asynchronous saves run it too, on the calling thread.
+  acc.save_state(dir / "async", {.asynchronous = true});
+  acc.wait_for_save();
+  EXPECT_TRUE(std::filesystem::exists(dir / "async" / "notes.json"));
+
+  // The manifest checksums the hook's file: a changed one is refused before the hook runs.
+  std::ofstream(dir / "a" / "notes.json") << R"({"note": 8})";
+  EXPECT_THROW(acc.load_state(dir / "a"), accelerate::Error);
+  EXPECT_EQ(calls.size(), 3u);
+
+  // A load hook that raises fails load_state with every object as it was.
+  auto failing = acc.register_load_state_pre_hook([](const std::filesystem::path&) {
+    throw accelerate::Error("notes.json: not what this run expects");
+  });
+  {
+    torch::NoGradGuard no_grad;
+    net->fc1->weight.add_(1.0);
+  }
+  const auto changed = flat_parameters(*net).clone();
+  EXPECT_THROW(acc.load_state(dir / "async"), accelerate::Error);
+  EXPECT_TRUE(torch::equal(flat_parameters(*net), changed));
+  failing.remove();
+
+  save_hook.remove();
+  load_hook.remove();
+  load_hook.remove();  // a second time does nothing
+  const auto count = calls.size();
+  acc.save_state(dir / "b");
+  acc.load_state(dir / "b");
+  EXPECT_FALSE(std::filesystem::exists(dir / "b" / "notes.json"));
+  EXPECT_EQ(calls.size(), count);
+}
+
 TEST(SaveState, Fp16ScalerIsSaved) {
   TempDir dir;
   accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp16> acc{{.cpu = true, .precision = {.grad_scaler = {.init_scale = 64.0}}}};

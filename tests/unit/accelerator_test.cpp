@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "../support/models.hpp"
+#include "../support/temp_dir.hpp"
 
 namespace {
 
@@ -50,6 +51,25 @@ TEST(SplitBetweenProcesses, SplitsEveryValueOfAMapAlike) {
   } catch (const accelerate::Error& e) {
     EXPECT_NE(std::string(e.what()).find("'a' has 3 and 'b' 2"), std::string::npos) << e.what();
   }
+}
+
+TEST(Accelerator, GetStateDictAndSaveWriteTheUnwrappedModel) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  TinyNet net;
+  auto [model] = acc.prepare(net);
+  const auto state = acc.get_state_dict(model);
+  ASSERT_EQ(state.size(), 4u);
+  EXPECT_TRUE(torch::equal(state.at("fc1.weight"), net->fc1->weight));
+  EXPECT_FALSE(state.at("fc1.weight").requires_grad());
+  accelerate::testing::TempDir dir;
+  const auto path = dir.path() / "weights.safetensors";
+  EXPECT_TRUE(acc.save(state, path));
+  const auto file = accelerate::checkpoint::SafetensorsFile::open(path);
+  const auto loaded = file.tensors();
+  ASSERT_EQ(loaded.size(), 4u);
+  for (const auto& [name, tensor] : state) EXPECT_TRUE(torch::equal(loaded.at(name), tensor)) << name;
+  // Nothing is left beside it (the temporary was renamed).
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), std::filesystem::directory_iterator()), 1);
 }
 
 TEST(Accelerator, DefaultIsOneCpuProcess) {

@@ -39,8 +39,9 @@ enum class EntryOwner {
 /// checkpoint is refused.
 struct Entry {
   /// What the entry is: it names its file (state_stem) and is counted in the manifest.
-  /// `scaler` and `micro_step` are the accelerator's own step states, not user objects.
-  enum class Kind { model, optimizer, scheduler, dataloader, custom, scaler, micro_step };
+  /// `scaler`, `micro_step` and `gradient_sync` (a prepared model's bucket layout) are the
+  /// accelerator's own step states, not user objects.
+  enum class Kind { model, optimizer, scheduler, dataloader, custom, scaler, micro_step, gradient_sync };
   Kind kind;
   EntryOwner owner = EntryOwner::main_rank;
   std::function<StateDict()> save;
@@ -52,7 +53,7 @@ struct Entry {
 /// Whether entries of `kind` are the accelerator's step states rather than objects (not
 /// counted in the manifest, not in Accelerator::checkpoint_entries()).
 constexpr bool is_step_state(Entry::Kind kind) noexcept {
-  return kind == Entry::Kind::scaler || kind == Entry::Kind::micro_step;
+  return kind == Entry::Kind::scaler || kind == Entry::Kind::micro_step || kind == Entry::Kind::gradient_sync;
 }
 
 /// Everything a checkpoint holds, in registration order.

@@ -51,8 +51,8 @@ namespace accelerate::checkpoint {
 inline constexpr const char* state_format = "accelerate-cpp/state/1";
 
 /// Accelerate's file stem for the index-th object of a kind ("model", "model_1",
-/// "dl_state_dict", "custom_checkpoint_0", "scaler" ...). The micro-step counter has none: it
-/// travels in each rank's random_states_<rank>.
+/// "dl_state_dict", "custom_checkpoint_0", "scaler" ...). The micro-step counter and the
+/// models' gradient-sync layouts have none: they travel in each rank's random_states_<rank>.
 inline std::string state_stem(Entry::Kind kind, std::size_t index) {
   using Kind = Entry::Kind;
   const auto numbered = [&](const char* base) {
@@ -65,7 +65,8 @@ inline std::string state_stem(Entry::Kind kind, std::size_t index) {
     case Kind::dataloader: return numbered("dl_state_dict");
     case Kind::custom: return "custom_checkpoint_" + std::to_string(index);
     case Kind::scaler: return numbered("scaler");
-    case Kind::micro_step: return "random_states";
+    case Kind::micro_step:
+    case Kind::gradient_sync: return "random_states";
   }
   return "unknown";
 }
@@ -92,6 +93,7 @@ inline const char* kind_name(Entry::Kind kind) {
     case Kind::custom: return "custom";
     case Kind::scaler: return "scaler";
     case Kind::micro_step: return "micro_step";
+    case Kind::gradient_sync: return "gradient_sync";
   }
   return "unknown";
 }
@@ -264,6 +266,10 @@ struct StateSources {
   std::function<void()> barrier;
   /// How long an asynchronous save's main process waits for the other ranks' files.
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  /// Called on every rank with the staged folder before this rank's files are written
+  /// (StateHooks::run_save), and with the folder to load once verified (run_load).
+  std::function<void(const std::filesystem::path&)> before_save = {};
+  std::function<void(const std::filesystem::path&)> before_load = {};
 };
 
 /// The folder save_state() writes: `dir` when given, else the next automatic checkpoint. The
@@ -448,6 +454,7 @@ inline void publish_plan(const SavePlan& plan) {
 inline std::filesystem::path save_state(const StateSources& src, ProjectConfiguration& project,
                                         const std::optional<std::filesystem::path>& dir) {
   const SavePlan plan = plan_save(src, project, dir, /*copy=*/false);
+  if (src.before_save) src.before_save(staging_path(plan.target));
   write_planned_files(plan);
   src.barrier();
   if (src.rank == 0) publish_plan(plan);
@@ -571,6 +578,7 @@ inline std::filesystem::path save_state_async(const StateSources& src, ProjectCo
                                               BackgroundSave& background) {
   background.finish(src);
   SavePlan plan = plan_save(src, project, dir, /*copy=*/true, background.spares());
+  if (src.before_save) src.before_save(staging_path(plan.target));  // on the training thread
   auto target = plan.target;
   background.start(std::move(plan), src.timeout);
   return target;
@@ -687,6 +695,8 @@ inline std::filesystem::path load_state(const StateSources& src, ProjectConfigur
       detail::fail("load_state: ", files, ": ", e.what_without_backtrace());
     }
   };
+
+  if (src.before_load) src.before_load(source);
 
   // 1. Read everything and check what can be checked without changing anything.
   // A rank the checkpoint has no file for (more processes than saved it) takes rank 0's

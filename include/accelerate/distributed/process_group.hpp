@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -77,6 +78,24 @@ class ReducerHandle {
   const std::vector<at::Tensor>& broadcast_buffers() const noexcept { return buffers_; }
   /// Whether expect_gradients_from is wanted (find_unused_parameters).
   bool wants_forward_outputs() const noexcept { return reducer_ && reducer_->finds_unused_parameters(); }
+  /// The checkpoint entry of this model's gradient synchronisation (bucket order and rounds,
+  /// GradientReducer::layout_state), kept in each rank's random_states file under
+  /// "gradient_sync.<name>"; none without a reducer. A checkpoint without it (written before
+  /// it existed) leaves the reducer as it is.
+  std::optional<checkpoint::Entry> checkpoint_entry(const std::string& name) const {
+    if (!reducer_) return std::nullopt;
+    const std::string key = "gradient_sync." + name;
+    return checkpoint::Entry{checkpoint::Entry::Kind::gradient_sync, checkpoint::EntryOwner::every_rank,
+                             [reducer = reducer_, key] {
+                               StateDict state;
+                               state.values[key] = reducer->layout_state();
+                               return state;
+                             },
+                             [reducer = reducer_, key](const StateDict& state) {
+                               if (state.values.contains(key)) reducer->load_layout_state(state.values.at(key));
+                             }};
+  }
+
   /// After a forward pass: its outputs, for finding the parameters backward will not reach.
   void expect_gradients_from(const std::vector<at::Tensor>& outputs) {
     if (reducer_) reducer_->expect_gradients_from(outputs);

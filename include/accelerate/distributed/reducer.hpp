@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -143,9 +144,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       names_.push_back(name);
       params_.push_back(p);
     }
-    std::vector<std::size_t> reverse(params_.size());
-    for (std::size_t k = 0; k < reverse.size(); ++k) reverse[k] = reverse.size() - 1 - k;
-    build_buckets(reverse);
+    build_buckets(initial_order());
     if (sharded()) build_shard_pieces();
     ready_.assign(params_.size(), false);
     used_.assign(params_.size(), false);
@@ -211,6 +210,45 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// Whether the buckets were rebuilt in arrival order (after the first synchronised backward,
   /// when that order differed from the initial one).
   bool buckets_rebuilt() const noexcept { return rebuilt_; }
+  /// What a checkpoint keeps so that a resumed run synchronises exactly as an uninterrupted
+  /// one: the number of synchronised rounds (PowerSGD's start_iteration counts them) and,
+  /// once settled from arrival, the bucket order (a resumed run would otherwise use the
+  /// registration order for its first round, and on 3+ ranks Gloo sums a moved element in
+  /// another order). The same on every rank.
+  nlohmann::json layout_state() const {
+    nlohmann::json state = {{"sync_rounds", sync_rounds_}, {"order_settled", order_settled_}};
+    if (order_settled_) state["bucket_order"] = launch_order();
+    return state;
+  }
+
+  /// Restores layout_state(): the buckets are rebuilt in the saved order (gradients that are
+  /// bucket views move with them). Checked first: a malformed state changes nothing.
+  void load_layout_state(const nlohmann::json& state) {
+    ACCELERATE_CHECK(state.is_object() && state.contains("sync_rounds") && state.contains("order_settled") &&
+                         state.at("sync_rounds").is_number_unsigned() && state.at("order_settled").is_boolean(),
+                     "gradient sync state: expected sync_rounds and order_settled, got ", state.dump());
+    const bool settled = state.at("order_settled").get<bool>();
+    std::vector<std::size_t> order = initial_order();
+    if (settled) {
+      ACCELERATE_CHECK(state.contains("bucket_order") && state.at("bucket_order").is_array(),
+                       "gradient sync state: a settled order needs bucket_order, got ", state.dump());
+      order = state.at("bucket_order").get<std::vector<std::size_t>>();
+      std::vector<bool> seen(params_.size(), false);
+      bool permutation = order.size() == params_.size();
+      for (const std::size_t index : order) {
+        permutation = permutation && index < params_.size() && !seen[index];
+        if (permutation) seen[index] = true;
+      }
+      ACCELERATE_CHECK(permutation, "gradient sync state: bucket_order is not an order of this model's ",
+                       params_.size(), " parameters: ", state.at("bucket_order").dump());
+    }
+    sync_rounds_ = state.at("sync_rounds").get<std::size_t>();
+    if (sharded()) return;  // a sharded optimizer's slices are cut from the initial layout
+    relayout(order);
+    order_settled_ = settled;
+    rebuilt_ = order != initial_order();
+  }
+
   /// Whether .grad tensors are views into the buckets.
   bool gradients_are_bucket_views() const noexcept { return options_.gradient_as_bucket_view; }
   /// Bytes of gradient memory this reducer's model holds: the buckets, the compression state
@@ -342,6 +380,13 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
         bucket.compressor = BucketCompressor(options_.compression, options_.power_sgd, std::move(entries));
       }
     }
+  }
+
+  // Reverse registration order: roughly the order backward produces gradients.
+  std::vector<std::size_t> initial_order() const {
+    std::vector<std::size_t> reverse(params_.size());
+    for (std::size_t k = 0; k < reverse.size(); ++k) reverse[k] = reverse.size() - 1 - k;
+    return reverse;
   }
 
   // The parameters in launch order (bucket by bucket).
@@ -589,7 +634,13 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       arrival.push_back(static_cast<std::size_t>(index));
     }
     rebuilt_ = arrival != launch_order();
-    if (!rebuilt_) return;
+    relayout(arrival);
+  }
+
+  // The buckets rebuilt in `order` (when it differs from the current one); gradients that are
+  // views into the old buckets move into the new ones. Between rounds only.
+  void relayout(const std::vector<std::size_t>& order) {
+    if (order == launch_order()) return;
     std::vector<at::Tensor> moved(params_.size());  // views of the old buckets, kept alive
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const Bucket& old = buckets_[bucket_of_[i]];
@@ -598,7 +649,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
         moved[i] = grad;
     }
     torch::NoGradGuard no_grad;
-    build_buckets(arrival);
+    build_buckets(order);
     for (std::size_t i = 0; i < params_.size(); ++i) {
       if (!moved[i].defined()) continue;
       Bucket& bucket = buckets_[bucket_of_[i]];

@@ -11,6 +11,7 @@
 
 #include <c10/core/Device.h>
 
+#include <accelerate/checkpoint/hooks.hpp>
 #include <accelerate/checkpoint/registry.hpp>
 #include <accelerate/checkpoint/state.hpp>
 #include <accelerate/distributed/engine.hpp>
@@ -36,6 +37,7 @@ struct CoreState {
   std::vector<AnyTracker> trackers;        // main process only
   // The asynchronous save in flight, made at the first one (its destructor waits for it).
   std::unique_ptr<checkpoint::BackgroundSave> background_save;
+  checkpoint::StateHooks state_hooks;      // register_save/load_state_pre_hook
 };
 
 }  // namespace detail
