@@ -287,6 +287,44 @@ TEST(ShardedFp16, AnInfInOneRanksSliceSkipsTheStepOnEveryRank) {
   ASSERT_EQ(job.exit_code, 0) << job.logs();
 }
 
+// --- get_state_dict and save: the whole model, from every rank, written by the main one -----
+
+ACCELERATE_WORKER(zero_state_dict) {
+  accelerate::Accelerator<accelerate::Zero<accelerate::Gloo, 2>> acc{{.process_group = {.timeout = 60s}}};
+  torch::manual_seed(5);
+  TinyNet net(kIn, kHidden, kOut);
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(0.01));
+  auto [model, opt] = acc.prepare(net, adamw);
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = batch(step, acc.process_index(), acc.num_processes());
+    acc.backward(torch::mse_loss(model(x), y));
+    opt.step();
+    opt.zero_grad();
+  }
+  std::string problems;
+  const auto state = acc.get_state_dict(model);  // every rank calls it
+  if (state.size() != 4) problems += "expected 4 tensors, got " + std::to_string(state.size()) + "; ";
+  std::vector<torch::Tensor> flat;
+  for (const auto& [name, tensor] : state) flat.push_back(tensor.reshape(-1));
+  const auto all = acc.gather(torch::cat(flat).unsqueeze(0));
+  if (!torch::equal(all[0], all[1])) problems += "the ranks' state dicts differ; ";
+  if (!torch::equal(state.at("fc1.weight"), net->fc1->weight.detach())) problems += "fc1.weight is not the model's; ";
+  const auto path = job_dir() / "weights.safetensors";
+  if (acc.save(state, path) != acc.is_main_process()) problems += "save wrote on the wrong process; ";
+  acc.wait_for_everyone();
+  if (acc.is_main_process()) {
+    const auto loaded = accelerate::checkpoint::SafetensorsFile::open(path).tensors();
+    for (const auto& [name, tensor] : state)
+      if (!loaded.count(name) || !torch::equal(loaded.at(name), tensor)) problems += name + " was not written as it is; ";
+  }
+  return exit_code(problems);
+}
+
+TEST(ShardedStateDict, GetStateDictIsTheWholeModelOnEveryRankAndSaveWritesItOnce) {
+  auto job = run_job("zero_state_dict", {.world_size = 2});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+}
+
 // --- refusals, Adagrad's sliced state, clipping by model parameters, save_model --------------
 
 ACCELERATE_WORKER(zero_errors) {
