@@ -288,6 +288,44 @@ TEST(CompressedBuckets, PowerSgdOfFullRankIsTheAverage) {
   }
 }
 
+// A .grad the user assigned (not the bucket's view) before a synchronised backward: backward
+// accumulates into it, the hook copies it into the bucket and makes .grad the view again, and
+// the average is what the copying reducer gives, bit for bit.
+ACCELERATE_WORKER(user_assigned_grad) {
+  std::vector<torch::Tensor> results;
+  for (const bool views : {false, true}) {
+    accelerate::Accelerator<accelerate::Gloo> acc{
+        {.process_group = {.timeout = 60s}, .ddp = {.gradient_as_bucket_view = views}}};
+    torch::manual_seed(3);
+    accelerate::testing::TinyNet net(8, 32, 4);
+    auto [model] = acc.prepare(net);
+    auto* reducer = model.model_sync().reducer();
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(60 + acc.process_index());
+    acc.backward(model(torch::randn({16, 8}, gen)).pow(2).mean());  // views in place from here
+    std::vector<torch::Tensor> assigned;
+    for (auto& p : net->parameters()) {
+      p.mutable_grad() = torch::full_like(p, 0.5 + acc.process_index());  // the user's own tensors
+      assigned.push_back(p.grad());
+    }
+    acc.backward(model(torch::randn({16, 8}, gen)).pow(2).mean());
+    results.push_back(flat_gradients(*net).clone());
+    const auto held = static_cast<std::int64_t>(reducer->gradient_memory_bytes());
+    const std::int64_t bytes = parameter_bytes(*net);
+    if (held != (views ? bytes : 2 * bytes)) return 3;  // views again: one copy
+    std::size_t k = 0;
+    for (const auto& p : net->parameters())  // the copying reducer writes into the user's tensor
+      if ((p.grad().data_ptr() == assigned[k++].data_ptr()) == views) return 4;
+    const auto all = acc.gather(results.back().unsqueeze(0));
+    if (!torch::equal(all[0], all[1])) return 5;
+  }
+  return torch::equal(results[0], results[1]) ? 0 : 6;
+}
+
+TEST(BucketViews, AUserAssignedGradIsCopiedInAndReplacedByTheView) {
+  auto job = run_job("user_assigned_grad", {.world_size = 2});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+}
+
 // The lines of ACCELERATE_TEST_ARGS.
 std::vector<std::string> arg_lines() {
   std::vector<std::string> lines;
