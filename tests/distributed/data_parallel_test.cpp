@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
+#include <vector>
+
 #include "../support/models.hpp"
 #include "../support/multiprocess.hpp"
 
@@ -232,6 +236,43 @@ TEST(DataParallelBuffers, AreRankZerosBeforeEveryForwardAsInDdp) {
   };
   EXPECT_TRUE(torch::equal(mean(on, 0), mean(on, 1))) << "statistics diverged between ranks";
   EXPECT_FALSE(torch::equal(mean(off, 0), mean(off, 1))) << "without the broadcast each rank keeps its own";
+}
+
+// A map-style dataset is read only at this rank's indices: every sample read is one this rank
+// yields, once, and over the ranks every index of the epoch is read exactly once (a counting
+// dataset; no rank touches another's samples, not even to look at shapes).
+struct CountingDataset : torch::data::datasets::Dataset<CountingDataset> {
+  std::shared_ptr<std::vector<int64_t>> reads = std::make_shared<std::vector<int64_t>>();
+  torch::data::Example<> get(size_t i) override {
+    reads->push_back(static_cast<int64_t>(i));
+    return {torch::full({2}, static_cast<double>(i)), torch::tensor(static_cast<int64_t>(i))};
+  }
+  torch::optional<size_t> size() const override { return 24; }
+};
+
+ACCELERATE_WORKER(per_rank_reads) {
+  accelerate::Accelerator<accelerate::Gloo> acc{{.process_group = {.timeout = 60s}}};
+  CountingDataset dataset;
+  const auto reads = dataset.reads;
+  auto [loader] = acc.prepare(accelerate::DataLoader(dataset, {.batch_size = 2, .shuffle = true, .seed = 3}));
+  std::vector<int64_t> yielded;
+  for (auto& [x, y] : loader)
+    for (int64_t i = 0; i < y.size(0); ++i) yielded.push_back(y[i].item<int64_t>());
+  auto sorted_reads = *reads, sorted_yielded = yielded;
+  std::sort(sorted_reads.begin(), sorted_reads.end());
+  std::sort(sorted_yielded.begin(), sorted_yielded.end());
+  if (sorted_reads != sorted_yielded) {
+    std::cerr << "rank " << acc.process_index() << " read " << reads->size() << " samples, yielded " << yielded.size() << "\n";
+    return 3;
+  }
+  const auto everyone = acc.gather(torch::tensor(*reads));  // 24 over the ranks: no padding
+  const auto all = std::get<0>(everyone.sort());
+  return torch::equal(all, torch::arange(24)) ? 0 : 4;
+}
+
+TEST_P(DataParallel, MapStyleDatasetsAreReadOnlyAtThisRanksIndices) {
+  auto job = run_job("per_rank_reads", {.world_size = GetParam()});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
 }
 
 }  // namespace
