@@ -34,11 +34,19 @@ constexpr int kIterations = 12;
 constexpr int kRounds = 3;
 
 // ~9.5M parameters in ten 4 MB layers, so that the bucket cap decides how many all-reduces a
-// backward pass issues and how early the first one starts.
+// backward pass issues and how early the first one starts. `registered_last_first` registers
+// the same layers (same initial weights) output first: reverse registration order, the initial
+// bucket order, is then the reverse of the order backward produces gradients in.
 struct BigMlpImpl : torch::nn::Module {
-  BigMlpImpl() {
-    for (int i = 0; i < 9; ++i) hidden.push_back(register_module("hidden" + std::to_string(i), torch::nn::Linear(1024, 1024)));
-    out = register_module("out", torch::nn::Linear(1024, 10));
+  explicit BigMlpImpl(bool registered_last_first = false) {
+    for (int i = 0; i < 9; ++i) hidden.emplace_back(1024, 1024);
+    out = torch::nn::Linear(1024, 10);
+    if (registered_last_first) register_module("out", out);
+    for (int k = 0; k < 9; ++k) {
+      const int i = registered_last_first ? 8 - k : k;
+      register_module("hidden" + std::to_string(i), hidden[static_cast<std::size_t>(i)]);
+    }
+    if (!registered_last_first) register_module("out", out);
   }
   torch::Tensor forward(torch::Tensor x) {
     for (auto& layer : hidden) x = torch::relu(layer(x));
@@ -53,23 +61,6 @@ struct Batch {
   torch::Tensor x = torch::randn({64, 1024});
   torch::Tensor y = torch::randint(0, 10, {64});
 };
-
-// The same layers registered last-first: reverse registration order (the initial bucket
-// order) is then the order backward produces gradients in reverse.
-struct ReversedMlpImpl : torch::nn::Module {
-  ReversedMlpImpl() {
-    out = register_module("out", torch::nn::Linear(1024, 10));
-    hidden.resize(9, torch::nn::Linear(nullptr));
-    for (int i = 8; i >= 0; --i) hidden[i] = register_module("hidden" + std::to_string(i), torch::nn::Linear(1024, 1024));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    for (auto& layer : hidden) x = torch::relu(layer(x));
-    return out(x);
-  }
-  std::vector<torch::nn::Linear> hidden;
-  torch::nn::Linear out{nullptr};
-};
-TORCH_MODULE(ReversedMlp);
 
 double megabytes(uint64_t bytes) { return static_cast<double>(bytes) / 1e6; }
 
@@ -143,7 +134,7 @@ void BM_BucketViewsZeroed(benchmark::State& state) {
 }
 
 void BM_ReversedOrder(benchmark::State& state) {
-  ReversedMlp net;
+  BigMlp net(/*registered_last_first=*/true);
   train_with(state, net, {.bucket_order_from_arrival = state.range(0) == 1});
 }
 
