@@ -13,16 +13,11 @@ cmake_minimum_required(VERSION 3.25)
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
 
+include(${CMAKE_CURRENT_LIST_DIR}/example_json.cmake)
+
 function(run compression out_accuracy out_bytes)
-  execute_process(COMMAND ${EXE} --nproc 2 --epochs 1 --no-progress --compression ${compression} ${ARGN}
-                  WORKING_DIRECTORY "${WORK}"
-                  OUTPUT_VARIABLE output ERROR_VARIABLE errors RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${EXE} --compression ${compression} failed (${rc}):\n${output}\n${errors}")
-  endif()
-  string(STRIP "${output}" output)
-  string(REGEX REPLACE ".*\n" "" last "${output}")
-  message(STATUS "${compression}: ${last}")
+  example_json(last WORKING_DIRECTORY "${WORK}"
+               ARGS --nproc 2 --epochs 1 --no-progress --compression ${compression} ${ARGN})
   string(JSON accuracy GET "${last}" test_accuracy)
   string(JSON bytes GET "${last}" gradient_bytes_sent)
   string(JSON reported GET "${last}" compression)

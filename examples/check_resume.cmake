@@ -8,15 +8,10 @@
 cmake_minimum_required(VERSION 3.25)
 file(REMOVE_RECURSE "${WORK}")
 
+include(${CMAKE_CURRENT_LIST_DIR}/example_json.cmake)
+
 function(run out_json)
-  execute_process(COMMAND ${EXE} --no-progress --max-train-samples 12800 ${EXTRA} ${ARGN}
-                  OUTPUT_VARIABLE output ERROR_VARIABLE errors RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${EXE} ${ARGN} failed (${rc}):\n${output}\n${errors}")
-  endif()
-  string(STRIP "${output}" output)
-  string(REGEX REPLACE ".*\n" "" last "${output}")
-  message(STATUS "${last}")
+  example_json(last ARGS --no-progress --max-train-samples 12800 ${EXTRA} ${ARGN})
   string(JSON last REMOVE "${last}" seconds)
   foreach(key allreduce_calls gradient_bytes_sent comm_seconds comm_exposed_seconds comm_overlap)
     string(JSON last REMOVE "${last}" ${key})

@@ -2,20 +2,11 @@
 #   -DEXE=<program> -DARGS="a;b" [-DMIN_ACCURACY=0.85] [-DEXPECT="key=value;key=value"]
 #   [-DREPEAT_IDENTICAL=ON]  run twice; the JSON must be identical apart from the times
 cmake_minimum_required(VERSION 3.25)
+include(${CMAKE_CURRENT_LIST_DIR}/example_json.cmake)
 
 function(run_once out_json)
-  execute_process(COMMAND ${EXE} ${ARGS} OUTPUT_VARIABLE output ERROR_VARIABLE errors RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${EXE} ${ARGS} failed (${rc}):\n${output}\n${errors}")
-  endif()
-  string(STRIP "${output}" output)
-  string(REGEX REPLACE ".*\n" "" last "${output}")
-  string(JSON type ERROR_VARIABLE json_error TYPE "${last}")
-  if(json_error OR NOT type STREQUAL "OBJECT")
-    message(FATAL_ERROR "the last line is not a JSON object: ${last}")
-  endif()
-  message(STATUS "${last}")
-  set(${out_json} "${last}" PARENT_SCOPE)
+  example_json(json ARGS ${ARGS})
+  set(${out_json} "${json}" PARENT_SCOPE)
 endfunction()
 
 run_once(json)
