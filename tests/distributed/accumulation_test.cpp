@@ -52,8 +52,7 @@ ACCELERATE_WORKER(accumulate_two_ranks) {
   }
   const auto stats = acc.stats();
   if (boundaries != kSteps || stats.grad_sync_rounds != kSteps) return 3;
-  int64_t param_bytes = 0;
-  for (const auto& p : net->parameters()) param_bytes += p.numel() * 4;
+  const int64_t param_bytes = accelerate::testing::parameter_bytes(*net);
   if (stats.gradient_allreduce.bytes != static_cast<uint64_t>(kSteps * param_bytes)) return 4;
   // The scheduler steps num_processes times per optimizer step (Accelerate's rule).
   if (acc.is_main_process()) {

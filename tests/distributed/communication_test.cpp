@@ -24,6 +24,7 @@ using accelerate::testing::flat_gradients;
 using accelerate::testing::flat_parameters;
 using accelerate::testing::job_dir;
 using accelerate::testing::load_tensor;
+using accelerate::testing::parameter_bytes;
 using accelerate::testing::run_job;
 using accelerate::testing::save_tensor;
 
@@ -43,12 +44,6 @@ struct ReversedImpl : torch::nn::Module {
   torch::nn::Linear head, body, stem;
 };
 TORCH_MODULE(Reversed);
-
-std::int64_t parameter_bytes(const torch::nn::Module& module) {
-  std::int64_t total = 0;
-  for (const auto& p : module.parameters()) total += p.numel() * static_cast<std::int64_t>(p.element_size());
-  return total;
-}
 
 struct Variant {
   const char* name;

@@ -74,6 +74,13 @@ inline torch::Tensor flat_gradients(const torch::nn::Module& module) {
   return torch::cat(parts);
 }
 
+/// Bytes of a module's parameters (what one copy of its gradients takes).
+inline std::int64_t parameter_bytes(const torch::nn::Module& module) {
+  std::int64_t total = 0;
+  for (const auto& p : module.parameters()) total += p.numel() * static_cast<std::int64_t>(p.element_size());
+  return total;
+}
+
 /// Every parameter of a module flattened into one tensor (to compare models).
 inline torch::Tensor flat_parameters(const torch::nn::Module& module) {
   std::vector<torch::Tensor> parts;
