@@ -138,6 +138,45 @@ TEST(GradScaler, AnInfGradientSkipsTheStepAndHalvesTheScale) {
   EXPECT_DOUBLE_EQ(acc.loss_scale(), 32768.0);
 }
 
+// Two optimizers, one overflowing: acc.optimizer_step_was_skipped() is true when any skipped
+// (Accelerate's rule), and each scheduler follows only the optimizer it sets the rates of —
+// also one prepared before its optimizer.
+TEST(GradScaler, EachSchedulerFollowsOnlyItsOwnOptimizer) {
+  Fp16 acc{{.cpu = true}};
+  TinyNet first, second;
+  torch::optim::SGD sgd_first(first->parameters(), 0.1), sgd_second(second->parameters(), 0.1);
+  torch::optim::StepLR lr_first(sgd_first, 1, 0.5), lr_second(sgd_second, 1, 0.5);
+  auto [model_first, model_second, sched_second, opt_first, opt_second, sched_first] =
+      acc.prepare(first, second, lr_second, sgd_first, sgd_second, lr_first);
+  const auto data = regression_data(16);
+  const auto step = [&](bool overflow_first) {
+    opt_first.zero_grad();
+    opt_second.zero_grad();
+    acc.backward(torch::mse_loss(model_first(data.inputs()), data.targets()) +
+                 torch::mse_loss(model_second(data.inputs()), data.targets()));
+    if (overflow_first) first->fc1->weight.mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+    opt_first.step();
+    opt_second.step();  // the last step taken: it alone decided before
+    sched_first.step();
+    sched_second.step();
+  };
+  step(/*overflow_first=*/true);
+  EXPECT_TRUE(opt_first.step_was_skipped());
+  EXPECT_FALSE(opt_second.step_was_skipped());
+  EXPECT_TRUE(acc.optimizer_step_was_skipped()) << "one optimizer skipped";
+  EXPECT_EQ(accelerate::compat::scheduler_step_count(lr_first), 0u) << "its optimizer skipped";
+  EXPECT_EQ(accelerate::compat::scheduler_step_count(lr_second), 1u) << "its optimizer stepped";
+  EXPECT_DOUBLE_EQ(sgd_first.param_groups()[0].options().get_lr(), 0.1) << "unchanged, also by the probe";
+
+  step(/*overflow_first=*/false);
+  EXPECT_FALSE(acc.optimizer_step_was_skipped());
+  EXPECT_EQ(accelerate::compat::scheduler_step_count(lr_first), 1u);
+  EXPECT_EQ(accelerate::compat::scheduler_step_count(lr_second), 2u);
+  // LibTorch's StepLR changes the rate from its second step on.
+  EXPECT_DOUBLE_EQ(sgd_first.param_groups()[0].options().get_lr(), 0.1);
+  EXPECT_DOUBLE_EQ(sgd_second.param_groups()[0].options().get_lr(), 0.05);
+}
+
 TEST(GradScaler, UnscalesBeforeTheOptimizerStep) {
   // The gradients the optimizer sees are the true ones: compare with an fp32 step.
   accelerate::Accelerator<> plain{{.cpu = true}};

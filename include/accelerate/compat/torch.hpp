@@ -2,13 +2,17 @@
 // autocast entry points, the fused AMP kernels, and scheduler internals we must save.
 #pragma once
 
+#include <cstddef>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
+#include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/optim/schedulers/reduce_on_plateau_scheduler.h>
 #include <torch/version.h>
 
 #include <accelerate/detail/check.hpp>
@@ -116,7 +120,32 @@ inline void update_scale(at::Tensor& scale, at::Tensor& growth_tracker, const at
 namespace accelerate::detail {
 struct SchedulerAccess : torch::optim::LRScheduler {
   static auto step_count_member() { return &SchedulerAccess::step_count_; }
+  static auto current_lrs_member() { return &SchedulerAccess::get_current_lrs; }
 };
+
+// ReduceLROnPlateauScheduler keeps everything step() changes private, with no accessor, and
+// its learning-rate reductions depend on it: a resumed run that lost it would wait `patience`
+// evaluations from scratch. C++20 does not check access in the template arguments of an
+// explicit specialization ([temp.spec.general]), so naming a member there instantiates
+// MemberOf, whose friend hands the member pointer out. Checked against 2.11's layout of names
+// by tests/unit/prepared/scheduler_test.cpp (a renamed member does not compile).
+template <class Tag, auto Member>
+struct MemberOf {
+  friend constexpr auto member_pointer(Tag) noexcept { return Member; }
+};
+template <class Tag, std::size_t>
+struct Instantiate {};
+#define ACCELERATE_PRIVATE_MEMBER(TAG, CLASS, NAME)                    \
+  struct TAG {                                                          \
+    friend constexpr auto member_pointer(TAG) noexcept;                 \
+  };                                                                    \
+  template <>                                                           \
+  struct Instantiate<TAG, sizeof(MemberOf<TAG, &CLASS::NAME>)> {}
+ACCELERATE_PRIVATE_MEMBER(PlateauLastEpoch, torch::optim::ReduceLROnPlateauScheduler, last_epoch);
+ACCELERATE_PRIVATE_MEMBER(PlateauBest, torch::optim::ReduceLROnPlateauScheduler, best);
+ACCELERATE_PRIVATE_MEMBER(PlateauBadEpochs, torch::optim::ReduceLROnPlateauScheduler, num_bad_epochs);
+ACCELERATE_PRIVATE_MEMBER(PlateauCooldown, torch::optim::ReduceLROnPlateauScheduler, cooldown_counter);
+#undef ACCELERATE_PRIVATE_MEMBER
 }  // namespace accelerate::detail
 
 namespace accelerate::compat {
@@ -129,6 +158,58 @@ inline unsigned scheduler_step_count(const torch::optim::LRScheduler& scheduler)
 /// Restores the scheduler's number of steps taken.
 inline void set_scheduler_step_count(torch::optim::LRScheduler& scheduler, unsigned count) {
   scheduler.*detail::SchedulerAccess::step_count_member() = count;
+}
+
+/// Whether `scheduler` sets the learning rates of `optimizer`. LRScheduler holds its optimizer
+/// privately, so this asks: it gives the optimizer's param groups learning rates no schedule
+/// produces, reads them back through the scheduler, and restores them.
+inline bool scheduler_follows(const torch::optim::LRScheduler& scheduler, torch::optim::Optimizer& optimizer) {
+  auto& groups = optimizer.param_groups();
+  std::vector<double> kept;
+  std::vector<double> probe;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    kept.push_back(groups[i].options().get_lr());
+    probe.push_back(-1e300 - 1e285 * static_cast<double>(i));  // negative: never a real rate
+    groups[i].options().set_lr(probe.back());
+  }
+  const std::vector<double> seen = (scheduler.*detail::SchedulerAccess::current_lrs_member())();
+  for (std::size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(kept[i]);
+  return seen == probe;
+}
+
+/// What ReduceLROnPlateauScheduler::step() changes: its evaluation count, the best metric so
+/// far, the evaluations since it improved, and the remaining cooldown.
+struct PlateauState {
+  int last_epoch = 0;
+  float best = 0;
+  int num_bad_epochs = 0;
+  int cooldown_counter = 0;
+};
+
+inline PlateauState plateau_state(const torch::optim::ReduceLROnPlateauScheduler& s) {
+  using namespace detail;
+  return {s.*member_pointer(PlateauLastEpoch{}), s.*member_pointer(PlateauBest{}),
+          s.*member_pointer(PlateauBadEpochs{}), s.*member_pointer(PlateauCooldown{})};
+}
+
+inline void set_plateau_state(torch::optim::ReduceLROnPlateauScheduler& s, const PlateauState& state) {
+  using namespace detail;
+  s.*member_pointer(PlateauLastEpoch{}) = state.last_epoch;
+  s.*member_pointer(PlateauBest{}) = state.best;
+  s.*member_pointer(PlateauBadEpochs{}) = state.num_bad_epochs;
+  s.*member_pointer(PlateauCooldown{}) = state.cooldown_counter;
+}
+
+// --- device memory -----------------------------------------------------------------------
+// Through the accelerator-generic DeviceAllocator of LibTorch 2.11 (ATen/DeviceAccelerator.h),
+// so CUDA, XPU and the rest need no branch here.
+
+/// Returns the cached, unused blocks of the accelerator's caching allocator to the device (a
+/// no-op without an accelerator, or with a CUDA build on a machine without a GPU).
+inline void empty_device_cache() {
+  const auto type = at::accelerator::getAccelerator(false);
+  if (!type || at::accelerator::deviceCount() == 0) return;
+  at::getDeviceAllocator(*type)->emptyCache();
 }
 
 }  // namespace accelerate::compat

@@ -41,6 +41,21 @@ class PreparedOptimizer {
     else context_->optimizer_step(*optimizer_, slot_);
   }
 
+  /// The step of an optimizer that re-evaluates the loss, such as torch::optim::LBFGS:
+  /// `closure` zeroes the gradients, runs the forward and acc.backward(loss) and returns the
+  /// loss; the optimizer calls it as often as it needs, each backward synchronised. Under a
+  /// Clip policy every evaluation's gradients are clipped. Not with Fp16 or a sharded Backend
+  /// (a compile-time error says why). Returns the first evaluation's loss, undefined off an
+  /// accumulation boundary.
+  /// Example:
+  ///   torch::optim::LBFGS lbfgs(net->parameters(), torch::optim::LBFGSOptions(1));
+  ///   auto [model, opt] = acc.prepare(net, lbfgs);
+  ///   opt.step([&] { opt.zero_grad(); auto loss = loss_fn(model(x), y); acc.backward(loss); return loss; });
+  at::Tensor step(torch::optim::Optimizer::LossClosure closure) {
+    if constexpr (plain) return optimizer_->step(std::move(closure));
+    else return context_->optimizer_step(*optimizer_, slot_, std::move(closure));
+  }
+
   /// Clears gradients (set to undefined by default, as LibTorch 2.x); a no-op on non-sync
   /// micro-steps so gradients keep accumulating.
   void zero_grad(bool set_to_none = true) {

@@ -1,7 +1,7 @@
 // What prepare() accepts, one concept per kind, and how each argument is held.
 //
 // Customization points: a model is anything ModuleLike; an optimizer derives from
-// torch::optim::Optimizer; a scheduler from torch::optim::LRScheduler; data is an
+// torch::optim::Optimizer; a scheduler from torch::optim::LRScheduler or ReduceLROnPlateauScheduler; data is an
 // accelerate::DataLoader, a map-style dataset (MapDataset) or a range of batches (BatchRange).
 #pragma once
 
@@ -18,6 +18,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
+#include <torch/optim/schedulers/reduce_on_plateau_scheduler.h>
 
 #include <accelerate/data/loader.hpp>
 
@@ -112,9 +113,11 @@ concept ModuleLike = !std::is_void_v<typename detail::module_impl<std::remove_cv
 template <class T>
 concept OptimizerLike = std::derived_from<detail::pointee_t<T>, torch::optim::Optimizer>;
 
-/// A torch::optim learning-rate scheduler, by reference, by value, or behind a smart pointer.
+/// A torch::optim learning-rate scheduler (an LRScheduler, a user's subclass of it, or a
+/// ReduceLROnPlateauScheduler), by reference, by value, or behind a smart pointer.
 template <class T>
-concept SchedulerLike = std::derived_from<detail::pointee_t<T>, torch::optim::LRScheduler>;
+concept SchedulerLike = std::derived_from<detail::pointee_t<T>, torch::optim::LRScheduler> ||
+                        std::derived_from<detail::pointee_t<T>, torch::optim::ReduceLROnPlateauScheduler>;
 
 /// A map-style dataset: a size and either get(index) or a whole-batch get_batch(indices).
 template <class D>

@@ -9,7 +9,9 @@
 #include <string_view>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <c10/core/Device.h>
+#include <torch/optim/optimizer.h>
 
 #include <accelerate/checkpoint/hooks.hpp>
 #include <accelerate/checkpoint/registry.hpp>
@@ -93,13 +95,52 @@ struct Context {
     precision.step(slot, [&] { distributed::step_optimizer(engine, optimizer); });
   }
 
-  /// How many times a prepared scheduler steps now: 0 when the optimizer did not step, else
-  /// num_processes (schedules are written in single-process batches, as in Accelerate), or 1
-  /// on every call without AcceleratorOptions::step_scheduler_with_optimizer.
-  int scheduler_steps_due() const {
+  /// The same contract for an optimizer that re-evaluates the loss (LBFGS): `closure` zeroes
+  /// the gradients, runs the forward and backward() and returns the loss, as often as the
+  /// optimizer needs; each evaluation's synchronised gradients are clipped before the optimizer
+  /// reads them. Returns the first evaluation's loss (undefined off a boundary).
+  template <class Optimizer>
+  at::Tensor optimizer_step(Optimizer& optimizer, optimizer_slot&, torch::optim::Optimizer::LossClosure closure) {
+    static_assert(!precision_step::scales_loss,
+                  "accelerate: an optimizer step with a closure (LBFGS) cannot be loss-scaled: the "
+                  "optimizer reads the gradients of every evaluation, so each would need its own "
+                  "unscale and inf check (torch.amp.GradScaler refuses closures too); use Bf16 or Fp32");
+    static_assert(!distributed::customises_step_optimizer<Engine>,
+                  "accelerate: an optimizer step with a closure (LBFGS) needs every parameter's whole "
+                  "gradient (its line search and history are not elementwise), which a sharded Backend "
+                  "does not keep; use a replicated Backend (Gloo, Nccl)");
+    if (!accumulation.sync()) return {};
+    return optimizer.step([&] {
+      at::Tensor loss = closure();
+      clip.apply(engine, optimizer, core.options.clip);
+      return loss;
+    });
+  }
+
+  /// What a prepared scheduler keeps for the Precision policy (which optimizer it follows).
+  using scheduler_slot = typename precision_step::SchedulerSlot;
+
+  /// How many times a prepared scheduler steps now: 0 when its optimizer did not step (off a
+  /// boundary, or skipped; `follows(optimizer)` tells whether an optimizer is the scheduler's),
+  /// else num_processes (schedules are written in single-process batches, as in Accelerate), or
+  /// 1 on every call without AcceleratorOptions::step_scheduler_with_optimizer.
+  template <class Follows>
+  int scheduler_steps_due(scheduler_slot& slot, Follows&& follows) {
     if (!core.options.step_scheduler_with_optimizer) return 1;
-    if (!accumulation.sync() || precision.step_skipped()) return 0;
+    if (!accumulation.sync() || precision.followed_step_skipped(slot, follows)) return 0;
     return engine.world_size();
+  }
+
+  /// `value` averaged over the processes, in double, so every rank gets the same number (exactly
+  /// `value` when every rank passes it).
+  double mean_over_processes(double value) {
+    if constexpr (!Engine::distributed) {
+      return value;
+    } else {
+      at::Tensor sum = at::full({1}, value, at::TensorOptions().dtype(at::kDouble)).to(engine.collective_device());
+      engine.all_reduce(sum, Reduction::sum);
+      return sum.item<double>() / engine.world_size();
+    }
   }
 
   /// Whether the current micro-step completes an accumulation window.

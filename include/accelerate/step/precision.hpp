@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <memory>
 #include <vector>
 
@@ -48,6 +49,8 @@ void check_autocast_supported(const c10::Device& device) {
 ///   agree_on_skip(slot, agree);       // hands its inf/NaN flag to the engine, if it has one
 ///   step(slot, run_step);             // runs (or skips) the optimizer step
 ///   skipped(slot); step_skipped(); loss_scale(); register_state(registry);
+///   SchedulerSlot; followed_step_skipped(scheduler_slot, follows);  // a scheduler's optimizer
+///   release_optimizers();             // free_memory()
 /// Example:
 ///   static_assert(std::is_empty_v<accelerate::step::PrecisionStep<accelerate::Bf16>>);
 template <class P>
@@ -71,6 +74,13 @@ class PrecisionStep {
   }
   static constexpr bool skipped(const OptimizerSlot&) noexcept { return false; }
   static constexpr bool step_skipped() noexcept { return false; }
+  static void release_optimizers() noexcept {}
+  /// What a prepared scheduler keeps for this policy: nothing, no step is ever skipped.
+  struct SchedulerSlot {};
+  template <class Follows>
+  static constexpr bool followed_step_skipped(SchedulerSlot&, Follows&&) noexcept {
+    return false;
+  }
   static constexpr double loss_scale() noexcept { return 1.0; }
   static void register_state(checkpoint::Registry&) noexcept {}
 };
@@ -96,10 +106,11 @@ class LossScalingStep {
 
   at::Tensor scale(const at::Tensor& loss) const { return scaler_.scale(loss); }
 
-  OptimizerSlot add_optimizer(const torch::optim::Optimizer& optimizer) {
+  OptimizerSlot add_optimizer(torch::optim::Optimizer& optimizer) {
     auto slot = std::make_shared<OptimizerAmpState>();
     slot->params = optimizer_params(optimizer);
     optimizers_.push_back(slot);
+    owners_.push_back(&optimizer);
     return slot;
   }
 
@@ -134,14 +145,38 @@ class LossScalingStep {
     const bool skip = slot->found_inf.template item<float>() > 0;
     if (!skip) run_step();
     slot->skipped = skip;
-    step_skipped_ = skip;
     scaler_.update(slot->found_inf);
     slot->unscaled = false;
   }
 
   static bool skipped(const OptimizerSlot& slot) noexcept { return slot->skipped; }
-  /// Whether the last optimizer step was skipped for an inf/NaN gradient.
-  bool step_skipped() const noexcept { return step_skipped_; }
+  /// Whether any prepared optimizer's last step was skipped for an inf/NaN gradient (as
+  /// Accelerate's optimizer_step_was_skipped).
+  bool step_skipped() const noexcept {
+    return std::any_of(optimizers_.begin(), optimizers_.end(), [](const OptimizerSlot& s) { return s->skipped; });
+  }
+
+  /// Forgets the prepared optimizers (free_memory()); the slots their prepared objects hold
+  /// stay valid.
+  void release_optimizers() noexcept {
+    optimizers_.clear();
+    owners_.clear();
+  }
+
+  /// The optimizer a prepared scheduler follows, found when first needed by asking
+  /// `follows(optimizer)` of each prepared optimizer (a scheduler does not name its own).
+  struct SchedulerSlot {
+    OptimizerSlot optimizer;
+  };
+  /// Whether the last step of the scheduler's optimizer was skipped; a scheduler whose
+  /// optimizer is unknown (`follows` never true: ReduceLROnPlateau, or an optimizer that was not
+  /// prepared) follows them all, skipping when any skipped.
+  template <class Follows>
+  bool followed_step_skipped(SchedulerSlot& scheduler, Follows&& follows) {
+    for (std::size_t i = 0; !scheduler.optimizer && i < owners_.size(); ++i)
+      if (follows(*owners_[i])) scheduler.optimizer = optimizers_[i];
+    return scheduler.optimizer ? scheduler.optimizer->skipped : step_skipped();
+  }
   double loss_scale() const { return scaler_.get_scale(); }
   GradScaler& scaler() noexcept { return scaler_; }
 
@@ -155,7 +190,7 @@ class LossScalingStep {
  private:
   GradScaler scaler_;
   std::vector<OptimizerSlot> optimizers_;
-  bool step_skipped_ = false;
+  std::vector<torch::optim::Optimizer*> owners_;  // optimizers_[i]'s optimizer
 };
 
 /// Fp16: float16 autocast with dynamic loss scaling.
