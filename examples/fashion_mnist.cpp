@@ -35,6 +35,7 @@ struct Args {
   bool resume = false;      // continue from the latest checkpoint in project_dir
   std::vector<std::string> log_with;  // trackers: jsonl, csv, tensorboard, all
   bool env = false;         // print the environment report and exit
+  bool estimate_memory = false;  // print the bytes each rank holds for the model and exit
   bool check_finite_loss = true;  // a NaN/inf loss stops training, naming the step
   accelerate::RunConfig run;  // precision, accumulation, clipping, processes
   // How gradient buckets travel (a run-time option: no extra compiled combination).
@@ -55,6 +56,7 @@ struct Progress {
             << "                     [--data DIR] [--precision fp32|bf16|fp16] [--accum K]\n"
             << "                     [--clip-norm X] [--project-dir DIR [--resume]] [--max-train-samples N]\n"
             << "                     [--log-with jsonl,csv,tensorboard|all] [--no-progress] [--env]\n"
+            << "                     [--estimate-memory]   (bytes per rank for the model, then exit)\n"
             << "                     [--allow-nonfinite-loss]\n"
             << "                     [--compression none|fp16|bf16|power_sgd [--power-sgd-rank R]\n"
             << "                      [--power-sgd-start STEPS]]\n"
@@ -121,6 +123,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--project-dir") a.project_dir = value();
     else if (flag == "--resume") a.resume = true;
     else if (flag == "--env") a.env = true;
+    else if (flag == "--estimate-memory") a.estimate_memory = true;
     else if (flag == "--allow-nonfinite-loss") a.check_finite_loss = false;
     else if (flag == "--config") value();  // read before the other flags
     else if (flag == "--log-with") {
@@ -188,6 +191,25 @@ int train(const Args& args) {
   if (!args.project_dir.empty())
     options.project = {.project_dir = args.project_dir, .automatic_checkpoint_naming = true, .total_limit = 2};
   Acc acc{args.run.apply(options)};
+  if (args.estimate_memory) {
+    // What each rank holds for the model under this configuration: no data needed.
+    Classifier net;
+    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(args.lr));
+    auto [model, optimizer] = acc.prepare(net, adam);
+    const accelerate::MemoryEstimate estimate = accelerate::estimate_memory(acc, model, optimizer);
+    acc.print("memory per rank with", acc.distributed_type(), acc.mixed_precision(), "on", acc.num_processes(),
+              "process(es):", estimate);
+    if (acc.is_main_process())
+      std::cout << nlohmann::json{{"world_size", acc.num_processes()},
+                                  {"precision", std::string(acc.mixed_precision())},
+                                  {"parameter_bytes", estimate.parameters},
+                                  {"gradient_bytes", estimate.gradients},
+                                  {"optimizer_state_bytes", estimate.optimizer_state},
+                                  {"total_bytes", estimate.total()}}
+                       .dump()
+                << std::endl;
+    return 0;
+  }
   auto train_set = accelerate::data::load_fashion_mnist(args.data, /*train=*/true);
   if (args.max_train_samples > 0 && args.max_train_samples < train_set.size().value()) {
     const auto n = static_cast<std::int64_t>(args.max_train_samples);

@@ -11,6 +11,7 @@
 #include <accelerate/environment_report.hpp>
 #include <accelerate/launch/launch.hpp>
 #include <accelerate/launch/preemption.hpp>
+#include <accelerate/memory/estimate.hpp>
 #include <accelerate/presets.hpp>
 #include <accelerate/track/progress.hpp>
 #include <accelerate/version.hpp>

@@ -34,6 +34,7 @@
 #include <accelerate/checkpoint/sharding.hpp>
 #include <accelerate/checkpoint/state.hpp>
 #include <accelerate/checkpoint/stateful.hpp>
+#include <accelerate/compat/torch.hpp>
 #include <accelerate/data/batch.hpp>
 #include <accelerate/data/loader.hpp>
 #include <accelerate/data/shard_sampler.hpp>
@@ -49,6 +50,7 @@
 #include <accelerate/distributed/stats.hpp>
 #include <accelerate/gradient_state.hpp>
 #include <accelerate/launch/preemption.hpp>
+#include <accelerate/memory/batch_size.hpp>
 #include <accelerate/options.hpp>
 #include <accelerate/policy/accumulation.hpp>
 #include <accelerate/policy/backend.hpp>
@@ -66,6 +68,7 @@
 #include <accelerate/step/context.hpp>
 #include <accelerate/track/csv.hpp>
 #include <accelerate/track/jsonl.hpp>
+#include <accelerate/track/profile.hpp>
 #include <accelerate/track/tensorboard.hpp>
 #include <accelerate/track/tracker.hpp>
 
@@ -217,7 +220,8 @@ class Accelerator {
   /// Calls and bytes per collective kind since construction (zero with one process).
   CommStats stats() const { return ctx_.engine.stats(); }
 
-  /// Whether the last optimizer step was skipped for an inf/NaN gradient (Fp16).
+  /// Whether the last step of any prepared optimizer was skipped for an inf/NaN gradient (Fp16),
+  /// as Accelerate's optimizer_step_was_skipped; `opt.step_was_skipped()` tells one optimizer.
   bool optimizer_step_was_skipped() const noexcept { return ctx_.precision.step_skipped(); }
 
   /// The current loss scale (Fp16) or 1.
@@ -709,6 +713,46 @@ class Accelerator {
   /// Example: { auto first = acc.local_main_process_first(); fill_node_cache(); }
   [[nodiscard("keep the scope alive: auto first = acc.local_main_process_first();")]]
   MainProcessFirst local_main_process_first() { return MainProcessFirst(*this, is_local_main_process()); }
+
+  // ---------------------------------------------------------------------------------------
+  // Memory and profiling
+
+  /// Forgets every prepared model, optimizer, scheduler and dataloader (save_state no longer
+  /// visits them; objects registered with register_for_checkpointing stay), resets the
+  /// micro-step counter and empties the accelerator's device cache — Accelerate's free_memory,
+  /// called between two trainings with different models. Memory comes back once the caller
+  /// drops its own prepared objects too; those must not be used afterwards: prepare new ones.
+  /// Example:
+  ///   acc.free_memory();   // then: auto [model, opt] = acc.prepare(bigger_net, new_optimizer);
+  void free_memory() {
+    ctx_.core.checkpoint.release_prepared();
+    ctx_.precision.release_optimizers();
+    distributed::release_prepared(ctx_.engine);
+    if constexpr (requires { ctx_.accumulation.reset(); }) ctx_.accumulation.reset();
+    compat::empty_device_cache();
+  }
+  /// The same as free_memory() (Accelerate's alias).
+  void clear() { free_memory(); }
+
+  /// Calls `train(batch_size)`, halving the size while it runs out of memory, every process
+  /// agreeing on the size; returns what `train` returns (memory::find_executable_batch_size has
+  /// the details and the conditions for several processes).
+  /// Example:
+  ///   acc.find_executable_batch_size([&](std::int64_t batch_size) { train_with(batch_size); }, 256);
+  template <class Train>
+  decltype(auto) find_executable_batch_size(Train&& train, std::int64_t starting_batch_size) {
+    return memory::find_executable_batch_size(ctx_.engine, std::forward<Train>(train), starting_batch_size);
+  }
+
+  /// LibTorch's profiler around a block: keep the returned scope alive while the block runs;
+  /// when it ends each rank writes `options.output_trace_dir`/profile_<rank>.json (a Chrome
+  /// trace) and prints the path (ProfileScope).
+  /// Example:
+  ///   { auto profiling = acc.profile({.output_trace_dir = "traces"}); for (...) train_step(); }
+  [[nodiscard("keep the scope alive: auto profiling = acc.profile({...});")]]
+  ProfileScope profile(const ProfileOptions& options = {}) {
+    return ProfileScope(options, process_index(), ctx_.core.device);
+  }
 
  private:
   /// A description of the compile-time configuration and the options every rank must share,

@@ -5,14 +5,22 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "../support/models.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace {
 
+using accelerate::testing::TempDir;
 using accelerate::testing::TinyNet;
 using accelerate::testing::flat_parameters;
 using accelerate::testing::regression_data;
@@ -322,6 +330,182 @@ TEST(CheckFiniteLoss, OffTheNanReachesTheParameters) {
   acc.backward(torch::mse_loss(model(data.inputs()), data.targets()) * std::nan(""));
   opt.step();
   EXPECT_TRUE(flat_parameters(*net).isnan().any().item<bool>());
+}
+
+// A user object that save_state visits (it outlives free_memory()).
+struct Counter {
+  accelerate::StateDict state_dict() const {
+    accelerate::StateDict s;
+    s.values["n"] = n;
+    return s;
+  }
+  void load_state_dict(const accelerate::StateDict& s) { n = s.value<int>("n"); }
+  int n = 0;
+};
+
+// free_memory() forgets the prepared objects, so they are freed once the caller drops its own,
+// resets the micro-step counter, keeps user objects, and a new training's model is the
+// checkpoint's first model again.
+TEST(FreeMemory, ForgetsThePreparedObjectsAndKeepsUserObjects) {
+  TempDir dir;
+  accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32, accelerate::Accumulate<2>> acc{{.cpu = true}};
+  Counter counter;
+  acc.register_for_checkpointing(counter);
+  std::weak_ptr<accelerate::testing::TinyNetImpl> net_alive;
+  std::weak_ptr<torch::optim::SGD> sgd_alive;
+  std::weak_ptr<torch::optim::StepLR> lr_alive;
+  {  // the caller's own handles end with this block
+    auto net = std::make_shared<accelerate::testing::TinyNetImpl>();
+    auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), 0.1);
+    auto lr = std::make_shared<torch::optim::StepLR>(*sgd, 1, 0.5);
+    net_alive = net;
+    sgd_alive = sgd;
+    lr_alive = lr;
+    auto [model, opt, sched] = acc.prepare(net, sgd, lr);
+    auto step = acc.accumulate(model);
+    const auto data = regression_data(8);
+    acc.backward(torch::mse_loss(model(data.inputs()), data.targets()));
+  }
+  EXPECT_EQ(acc.step(), 1u);
+  EXPECT_FALSE(net_alive.expired()) << "the accelerator holds what it prepared";
+  EXPECT_EQ(acc.checkpoint_entries().size(), 4u);
+
+  acc.free_memory();
+  EXPECT_TRUE(net_alive.expired());
+  EXPECT_TRUE(sgd_alive.expired());
+  EXPECT_TRUE(lr_alive.expired());
+  EXPECT_EQ(acc.step(), 0u);
+  ASSERT_EQ(acc.checkpoint_entries().size(), 1u) << "the registered user object stays";
+
+  accelerate::testing::TinyNet wider(8, 32, 4);
+  torch::optim::SGD wider_sgd(wider->parameters(), 0.1);
+  auto [model, opt] = acc.prepare(wider, wider_sgd);
+  acc.save_state(dir.path() / "checkpoint");
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "checkpoint" / "model.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "checkpoint" / "model_1.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "checkpoint" / "custom_checkpoint_0.json"));
+  acc.clear();  // the alias
+  EXPECT_EQ(acc.checkpoint_entries().size(), 1u);
+}
+
+// Sizes above 16 really fail in LibTorch's CPU allocator (a petabyte): the function runs again
+// at half the size until it fits, and its result comes back.
+TEST(FindExecutableBatchSize, HalvesTheBatchSizeUntilItFits) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  std::vector<std::int64_t> tried;
+  const std::int64_t result = acc.find_executable_batch_size(
+      [&](std::int64_t batch_size) {
+        tried.push_back(batch_size);
+        const at::Tensor buffer = at::empty({batch_size > 16 ? std::int64_t{1} << 48 : batch_size});
+        return buffer.numel() * 10;
+      },
+      128);
+  EXPECT_EQ(result, 160);
+  EXPECT_EQ(tried, (std::vector<std::int64_t>{128, 64, 32, 16}));
+}
+
+TEST(FindExecutableBatchSize, OtherErrorsPropagateAndZeroIsAnError) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  int calls = 0;
+  EXPECT_THROW(acc.find_executable_batch_size([&](std::int64_t) { ++calls; throw std::runtime_error("bad data"); }, 64),
+               std::runtime_error);
+  EXPECT_EQ(calls, 1) << "not an out-of-memory error: no retry";
+
+  std::vector<std::int64_t> tried;
+  try {
+    acc.find_executable_batch_size([&](std::int64_t batch_size) { tried.push_back(batch_size); throw std::bad_alloc(); }, 8);
+    ADD_FAILURE() << "no error";
+  } catch (const accelerate::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no executable batch size found, reached zero from 8"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(tried, (std::vector<std::int64_t>{8, 4, 2, 1}));
+  EXPECT_TRUE(accelerate::is_out_of_memory(c10::OutOfMemoryError({__func__, __FILE__, 1}, "CUDA out of memory.")));
+  EXPECT_FALSE(accelerate::is_out_of_memory(std::runtime_error("shape mismatch")));
+}
+
+// acc.profile(): LibTorch's profiler around training steps writes profile_<rank>.json, a Chrome
+// trace holding the model's operators (with their shapes on request); one profiler at a time.
+TEST(Profile, WritesAChromeTraceOfTheOperators) {
+  TempDir dir;
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  TinyNet net;
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, opt] = acc.prepare(net, sgd);
+  const auto data = regression_data(8);
+  std::filesystem::path path;
+  {
+    auto profiling = acc.profile({.output_trace_dir = dir.path() / "traces", .record_shapes = true});
+    EXPECT_THROW(auto second = acc.profile(), accelerate::Error);
+    acc.backward(torch::mse_loss(model(data.inputs()), data.targets()));
+    opt.step();
+    path = profiling.finish();
+    bool addmm = false;
+    for (const auto& event : profiling.events()) addmm = addmm || event.name() == "aten::addmm";
+    EXPECT_TRUE(addmm) << "the Linear layers' forward";
+  }
+  EXPECT_EQ(path, dir.path() / "traces" / "profile_0.json");
+  const auto trace = nlohmann::json::parse(std::ifstream(path));
+  bool shaped = false, backward = false;
+  for (const auto& event : trace.at("traceEvents")) {
+    const std::string name = event.value("name", "");
+    if (name == "aten::addmm" && event.contains("args") && event["args"].contains("Input Dims")) shaped = true;
+    if (name.find("Backward") != std::string::npos) backward = true;
+  }
+  EXPECT_TRUE(shaped) << "aten::addmm with its input shapes";
+  EXPECT_TRUE(backward) << "the backward pass's autograd nodes";
+
+  {  // the scope's end writes the trace too
+    auto profiling = acc.profile({.output_trace_dir = dir.path() / "again"});
+    model(data.inputs());
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "again" / "profile_0.json"));
+}
+
+// estimate_memory against what the tensors really hold after a step, for every optimizer kind
+// it knows (one process: gradients are one copy).
+TEST(EstimateMemory, EqualsTheBytesTheTensorsHoldAfterAStep) {
+  using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
+  const std::vector<std::pair<std::string, MakeOptimizer>> optimizers{
+      {"sgd", [](auto p) { return std::make_unique<torch::optim::SGD>(p, 0.1); }},
+      {"sgd momentum", [](auto p) { return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9)); }},
+      {"adam", [](auto p) { return std::make_unique<torch::optim::Adam>(p); }},
+      {"adamw amsgrad", [](auto p) { return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions().amsgrad(true)); }},
+      {"rmsprop centered momentum",
+       [](auto p) { return std::make_unique<torch::optim::RMSprop>(p, torch::optim::RMSpropOptions().centered(true).momentum(0.5)); }},
+      {"adagrad", [](auto p) { return std::make_unique<torch::optim::Adagrad>(p); }}};
+  const auto data = regression_data(8);
+  for (const auto& [name, make] : optimizers) {
+    accelerate::Accelerator<> acc{{.cpu = true}};
+    TinyNet net;
+    auto optimizer = make(net->parameters());
+    auto [model, opt] = acc.prepare(net, *optimizer);
+    acc.backward(torch::mse_loss(model(data.inputs()), data.targets()));
+    opt.step();
+    const accelerate::MemoryEstimate estimate = accelerate::estimate_memory(acc, model, opt);
+    std::int64_t gradients = 0, state = 0;
+    for (const auto& p : net->parameters()) gradients += p.grad().nbytes();
+    for (const auto& [key, t] : accelerate::checkpoint::optimizer_state_dict(*optimizer).tensors) state += t.nbytes();
+    EXPECT_EQ(estimate.parameters, accelerate::testing::parameter_bytes(*net)) << name;
+    EXPECT_EQ(estimate.gradients, gradients) << name;
+    EXPECT_EQ(estimate.optimizer_state, state) << name;
+  }
+  std::ostringstream text;
+  text << accelerate::MemoryEstimate{1'500'000, 2'000'000, 500'000};
+  EXPECT_EQ(text.str(), "parameters 1.50 MB, gradients 2.00 MB, optimizer state 0.50 MB, total 4.00 MB");
+}
+
+TEST(EstimateMemory, AnOptimizerOfUnknownStateIsNamed) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  TinyNet net;
+  torch::optim::LBFGS lbfgs(net->parameters());
+  auto [model, opt] = acc.prepare(net, lbfgs);
+  try {
+    accelerate::estimate_memory(acc, model, opt);
+    ADD_FAILURE() << "no error";
+  } catch (const accelerate::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LBFGSOptions"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

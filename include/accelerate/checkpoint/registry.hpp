@@ -111,6 +111,17 @@ class Registry {
     }
   }
 
+  /// Forgets the prepared models, optimizers, schedulers and dataloaders and the models'
+  /// gradient-sync layouts (free_memory()); user objects and the accelerator's own step states
+  /// stay registered.
+  void release_prepared() {
+    using Kind = Entry::Kind;
+    std::erase_if(objects_, [](const Entry& e) {
+      return e.kind == Kind::model || e.kind == Kind::optimizer || e.kind == Kind::scheduler || e.kind == Kind::dataloader;
+    });
+    std::erase_if(step_states_, [](const Entry& e) { return e.kind == Kind::gradient_sync; });
+  }
+
   /// Models, optimizers, schedulers, dataloaders and user objects, in registration order.
   const std::vector<Entry>& objects() const noexcept { return objects_; }
   /// The accelerator's step states (grad scaler, micro-step counter).

@@ -155,6 +155,14 @@ bool writes_replicated_state(const E& engine) {
   else return engine.rank() == 0;
 }
 
+/// Called by free_memory(): the engine forgets the prepared models and optimizers it tracks.
+/// Default: nothing, a replicated engine tracks none (each model's reducer lives in its
+/// prepared model). A sharded engine drops its parameter and optimizer-shard maps.
+template <class E>
+void release_prepared(E& engine) {
+  if constexpr (requires { engine.release_prepared(); }) engine.release_prepared();
+}
+
 /// A model's full parameters and buffers (unwrapped names, state_dict order) for save_model;
 /// the ranks for which writes_replicated_state is true write them. Default: every rank holds
 /// them whole. A sharded engine gathers the shards (collective: every rank calls it).

@@ -81,6 +81,17 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     return handle;
   }
 
+  /// free_memory(): forgets every prepared model and optimizer. Their prepared objects must not
+  /// be used afterwards (the shards they step are no longer known here).
+  void release_prepared() {
+    models_.clear();
+    owners_.clear();
+    piece_of_.clear();
+    whole_.clear();
+    slices_.clear();
+    shards_.clear();
+  }
+
   /// Narrows the optimizer's param groups to this rank's slices of its parameters (1-D views
   /// of their storage; a parameter this rank owns nothing of leaves its groups), slicing any
   /// state it already holds (Adagrad's accumulators). Frozen parameters stay as they are.
@@ -396,7 +407,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
                        theirs[i].dump(), ", this rank holds ", mine[i].dump());
   }
 
-  std::vector<Model> models_;
+  std::vector<Model> models_;  // (release_prepared() clears this and every map below)
   // Model parameter -> (model, index in its reducer), and -> (model, index of this rank's slice).
   std::map<const c10::TensorImpl*, std::pair<std::size_t, std::size_t>> owners_;
   std::map<const c10::TensorImpl*, std::pair<std::size_t, std::size_t>> piece_of_;

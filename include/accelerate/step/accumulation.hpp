@@ -25,6 +25,7 @@ namespace accelerate::step {
 ///   std::size_t steps() const;   std::size_t step() const;   bool sync() const;
 ///   void advance(const GradientState& loaders, bool sync_with_dataloader);  // a new micro-step
 ///   at::Tensor divide(const at::Tensor& loss) const;          // backward()'s loss / window
+///   void reset();                                             // a new window (free_memory())
 ///   StateDict state_dict() const;   void load_state_dict(const StateDict&);  // saved per rank
 /// Example (a new policy):
 ///   template <> class accelerate::step::AccumulationStep<MyPolicy> : public AccumulationWindow {...};
@@ -51,6 +52,7 @@ class AccumulationStep<NoAccumulation> {
   static constexpr std::size_t step() noexcept { return 0; }
   static constexpr bool sync() noexcept { return true; }
   static void advance(const GradientState&, bool) noexcept {}
+  static void reset() noexcept {}
   static const at::Tensor& divide(const at::Tensor& loss) noexcept { return loss; }
 
   StateDict state_dict() const {
@@ -98,6 +100,13 @@ class AccumulationWindow {
   }
 
   at::Tensor divide(const at::Tensor& loss) const { return loss / divisor_; }
+
+  /// Back to the start of a window, as a new accelerator (free_memory()).
+  void reset() noexcept {
+    step_ = 0;
+    sync_ = true;
+    divisor_ = static_cast<double>(steps_);
+  }
 
   StateDict state_dict() const {
     StateDict s;
