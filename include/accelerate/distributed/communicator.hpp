@@ -27,7 +27,8 @@ namespace accelerate::distributed {
 struct InFlight {
   compat::WorkPtr work;
   std::chrono::steady_clock::time_point started;
-  /// When c10d marked it complete (steady-clock ticks; 0 until then), stamped by a callback.
+  /// When c10d marked it complete (steady-clock ticks; 0 until then), stamped by a callback
+  /// or by the wait that saw it done first. Every InFlight a Communicator returns has one.
   std::shared_ptr<std::atomic<std::chrono::steady_clock::rep>> finished;
 
   explicit operator bool() const noexcept { return static_cast<bool>(work); }
@@ -154,11 +155,8 @@ class Communicator {
     }
     const auto now = std::chrono::steady_clock::now();
     // Done, but its completion callback may not have run yet: then it completed by now.
-    auto expected = std::chrono::steady_clock::rep{0};
-    if (work.finished) work.finished->compare_exchange_strong(expected, now.time_since_epoch().count());
-    const auto finished = work.finished ? std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(
-                                              work.finished->load()))
-                                        : now;
+    stamp(*work.finished, now);
+    const std::chrono::steady_clock::time_point finished{std::chrono::steady_clock::duration(work.finished->load())};
     std::lock_guard<std::mutex> lock(mutex_);
     const CommTime spent = busy_since(work.started, std::min(finished, now), now - blocked);
     stats_.time += spent;
@@ -200,13 +198,19 @@ class Communicator {
                     std::make_shared<std::atomic<std::chrono::steady_clock::rep>>(0)};
     try {
       flight.work->getFuture()->addCallback([finished = flight.finished](c10::ivalue::Future&) {
-        auto expected = std::chrono::steady_clock::rep{0};
-        finished->compare_exchange_strong(expected, std::chrono::steady_clock::now().time_since_epoch().count());
+        stamp(*finished, std::chrono::steady_clock::now());
       });
     } catch (const c10::Error&) {
       // A backend without futures: the end of the wait stands for the completion.
     }
     return flight;
+  }
+
+  // Records `now` as a collective's completion unless one was recorded first (the callback
+  // and the wait race; the earlier stamp is the truer one).
+  static void stamp(std::atomic<std::chrono::steady_clock::rep>& finished, std::chrono::steady_clock::time_point now) {
+    auto unset = std::chrono::steady_clock::rep{0};
+    finished.compare_exchange_strong(unset, now.time_since_epoch().count());
   }
 
   // The busy time a collective in flight from `started` to `finished` adds to the union of the

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <optional>
 #include <unordered_set>
 #include <sstream>
 #include <string>
@@ -209,7 +210,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::size_t overlapped_launches() const noexcept { return overlapped_launches_; }
   /// Whether the buckets were rebuilt in arrival order (after the first synchronised backward,
   /// when that order differed from the initial one).
-  bool buckets_rebuilt() const noexcept { return rebuilt_; }
+  bool buckets_rebuilt() const { return launch_order() != initial_order(); }
   /// What a checkpoint keeps so that a resumed run synchronises exactly as an uninterrupted
   /// one: the number of synchronised rounds (PowerSGD's start_iteration counts them) and,
   /// once settled from arrival, the bucket order (a resumed run would otherwise use the
@@ -232,25 +233,16 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     if (settled) {
       ACCELERATE_CHECK(state.contains("bucket_order") && state.at("bucket_order").is_array(),
                        "gradient sync state: a settled order needs bucket_order, got ", state.dump());
-      order = state.at("bucket_order").get<std::vector<std::size_t>>();
-      std::vector<bool> seen(params_.size(), false);
-      bool permutation = order.size() == params_.size();
-      for (const std::size_t index : order) {
-        permutation = permutation && index < params_.size() && !seen[index];
-        if (permutation) seen[index] = true;
-      }
-      ACCELERATE_CHECK(permutation, "gradient sync state: bucket_order is not an order of this model's ",
+      const auto saved = parameter_order(state.at("bucket_order").get<std::vector<std::int64_t>>());
+      ACCELERATE_CHECK(saved.has_value(), "gradient sync state: bucket_order is not an order of this model's ",
                        params_.size(), " parameters: ", state.at("bucket_order").dump());
+      order = *saved;
     }
     sync_rounds_ = state.at("sync_rounds").get<std::size_t>();
     if (sharded()) return;  // a sharded optimizer's slices are cut from the initial layout
     relayout(order);
     order_settled_ = settled;
-    rebuilt_ = order != initial_order();
   }
-
-  /// Whether .grad tensors are views into the buckets.
-  bool gradients_are_bucket_views() const noexcept { return options_.gradient_as_bucket_view; }
   /// Bytes of gradient memory this reducer's model holds: the buckets, the compression state
   /// and every parameter's .grad that is not a view into a bucket (storage counted once).
   std::size_t gradient_memory_bytes() const {
@@ -396,6 +388,17 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     return order;
   }
 
+  // Parameter i's slot in its bucket's flat tensor (1-D; the bucket must be allocated).
+  at::Tensor bucket_slot(std::size_t i) const {
+    const Bucket& bucket = buckets_[bucket_of_[i]];
+    return bucket.flat.narrow(0, bucket.offsets[position_of_[i]], params_[i].numel());
+  }
+  // Parameter i's slot shaped like the parameter: its .grad with bucket views.
+  at::Tensor bucket_view(std::size_t i) const {
+    const Bucket& bucket = buckets_[bucket_of_[i]];
+    return storage_alias(bucket.flat, bucket.offsets[position_of_[i]], params_[i].sizes());
+  }
+
   // Whether `grad` is the view of the slot of `param` in its bucket.
   static bool is_view_of(const at::Tensor& grad, const at::Tensor& slot, const at::Tensor& param) {
     return grad.defined() && grad.data_ptr() == slot.data_ptr() && grad.sizes() == param.sizes() &&
@@ -456,15 +459,14 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     Bucket& bucket = buckets_[bucket_of_[index]];
     if (!bucket.flat.defined()) bucket.flat = at::zeros({bucket.padded}, bucket.options);  // sharded gradients
     at::Tensor& param = params_[index];
-    const int64_t offset = bucket.offsets[position_of_[index]];
-    at::Tensor slot = bucket.flat.narrow(0, offset, param.numel());
+    at::Tensor slot = bucket_slot(index);
     const bool views = options_.gradient_as_bucket_view;
     const at::Tensor& grad = param.grad();
     if (used && grad.defined()) {
       if (!views || !is_view_of(grad, slot, param)) {
         slot.copy_(grad.reshape(-1));
         // The gradient autograd made is freed; backward accumulates into the bucket from now.
-        if (views) param.mutable_grad() = storage_alias(bucket.flat, offset, param.sizes());
+        if (views) param.mutable_grad() = bucket_view(index);
       }
     } else {
       // The bucket sends zeros for it; a locally accumulated .grad keeps its value apart
@@ -579,20 +581,17 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       comm_->wait(bucket.second_work, "gradient all_reduce (PowerSGD's second factor)");
       bucket.compressor.finish(bucket.flat, world);
     }
-    for (auto& bucket : buckets_) {
-      for (std::size_t j = 0; j < bucket.params.size(); ++j) {
-        const std::size_t index = bucket.params[j];
-        if (used_flags && used_flags[index] == 0) continue;  // unused everywhere: .grad untouched
-        at::Tensor& param = params_[index];
-        at::Tensor slot = bucket.flat.narrow(0, bucket.offsets[j], param.numel());
-        at::Tensor& grad = param.mutable_grad();
-        if (options_.gradient_as_bucket_view) {
-          if (!is_view_of(grad, slot, param)) grad = storage_alias(bucket.flat, bucket.offsets[j], param.sizes());
-        } else if (grad.defined()) {
-          grad.copy_(slot.view(param.sizes()));
-        } else {
-          grad = slot.view(param.sizes()).clone();
-        }
+    for (std::size_t index = 0; index < params_.size(); ++index) {
+      if (used_flags && used_flags[index] == 0) continue;  // unused everywhere: .grad untouched
+      at::Tensor& param = params_[index];
+      const at::Tensor slot = bucket_slot(index);
+      at::Tensor& grad = param.mutable_grad();
+      if (options_.gradient_as_bucket_view) {
+        if (!is_view_of(grad, slot, param)) grad = bucket_view(index);
+      } else if (grad.defined()) {
+        grad.copy_(slot.view(param.sizes()));
+      } else {
+        grad = slot.view(param.sizes()).clone();
       }
     }
     if (sharded()) {
@@ -624,17 +623,24 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     order = order.to(params_.front().device());  // NCCL takes device tensors
     comm_->broadcast(order, 0);
     order = order.cpu();
-    std::vector<std::size_t> arrival;
+    const int64_t* received = order.data_ptr<int64_t>();
+    const auto arrival = parameter_order(std::vector<int64_t>(received, received + order.numel()));
+    if (arrival) relayout(*arrival);  // else rank 0 saw no complete order: keep the layout
+  }
+
+  // `order` as parameter indices when it names every parameter exactly once, else nothing.
+  std::optional<std::vector<std::size_t>> parameter_order(const std::vector<int64_t>& order) const {
+    if (order.size() != params_.size()) return std::nullopt;
     std::vector<bool> seen(params_.size(), false);
-    for (int64_t k = 0; k < order.numel(); ++k) {
-      const int64_t index = order.data_ptr<int64_t>()[k];
+    std::vector<std::size_t> indices;
+    indices.reserve(order.size());
+    for (const int64_t index : order) {
       if (index < 0 || index >= static_cast<int64_t>(params_.size()) || seen[static_cast<std::size_t>(index)])
-        return;  // rank 0 saw no complete order: keep the layout
+        return std::nullopt;
       seen[static_cast<std::size_t>(index)] = true;
-      arrival.push_back(static_cast<std::size_t>(index));
+      indices.push_back(static_cast<std::size_t>(index));
     }
-    rebuilt_ = arrival != launch_order();
-    relayout(arrival);
+    return indices;
   }
 
   // The buckets rebuilt in `order` (when it differs from the current one); gradients that are
@@ -642,20 +648,14 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   void relayout(const std::vector<std::size_t>& order) {
     if (order == launch_order()) return;
     std::vector<at::Tensor> moved(params_.size());  // views of the old buckets, kept alive
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      const Bucket& old = buckets_[bucket_of_[i]];
-      const at::Tensor& grad = params_[i].grad();
-      if (is_view_of(grad, old.flat.narrow(0, old.offsets[position_of_[i]], params_[i].numel()), params_[i]))
-        moved[i] = grad;
-    }
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (is_view_of(params_[i].grad(), bucket_slot(i), params_[i])) moved[i] = params_[i].grad();
     torch::NoGradGuard no_grad;
     build_buckets(order);
     for (std::size_t i = 0; i < params_.size(); ++i) {
       if (!moved[i].defined()) continue;
-      Bucket& bucket = buckets_[bucket_of_[i]];
-      const int64_t offset = bucket.offsets[position_of_[i]];
-      bucket.flat.narrow(0, offset, params_[i].numel()).copy_(moved[i].reshape(-1));
-      params_[i].mutable_grad() = storage_alias(bucket.flat, offset, params_[i].sizes());
+      bucket_slot(i).copy_(moved[i].reshape(-1));
+      params_[i].mutable_grad() = bucket_view(i);
     }
   }
 
@@ -708,7 +708,6 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   bool round_open_ = false;
   bool round_compressed_ = false;
   bool order_settled_ = false;  // the arrival order was looked at (once)
-  bool rebuilt_ = false;
   bool sync_ = true;
 };
 
