@@ -509,6 +509,22 @@ class Accelerator {
     torch::nn::utils::clip_grad_value_(holders, value);
   }
 
+  /// Divides the gradients of every prepared optimizer by the Fp16 loss scale now, to read or
+  /// change the true gradients before opt.step(), which then does not unscale them again
+  /// (Accelerate's unscale_gradients). Once per optimizer step, like torch.amp.GradScaler's
+  /// unscale_ (a second call is an error); a no-op off an accumulation boundary and without
+  /// loss scaling.
+  /// Example:
+  ///   acc.backward(loss);  acc.unscale_gradients();  log_gradient_norms(net);  opt.step();
+  void unscale_gradients() {
+    if (sync_gradients()) ctx_.precision.unscale_all("unscale_gradients");
+  }
+  /// The same for one prepared optimizer's gradients.
+  template <class Optimizer>
+  void unscale_gradients(PreparedOptimizer<Optimizer, Accelerator>& optimizer) {
+    if (sync_gradients()) ctx_.precision.unscale_owners(step::optimizer_params(optimizer.unwrap()), "unscale_gradients");
+  }
+
   // ---------------------------------------------------------------------------------------
   // Collectives on tensors and nested containers (vectors, arrays, tuples, maps, Examples)
   // whose leaves are all tensors; a number or string leaf is a compile-time error (it could

@@ -138,6 +138,35 @@ TEST(GradScaler, AnInfGradientSkipsTheStepAndHalvesTheScale) {
   EXPECT_DOUBLE_EQ(acc.loss_scale(), 32768.0);
 }
 
+// unscale_gradients() hands the true gradients to the loop before opt.step(), which does not
+// divide them again; a second unscale in the same step is an error.
+TEST(GradScaler, UnscaleGradientsGivesTheTrueGradientsOnce) {
+  Fp16 acc{{.cpu = true}};
+  TinyNet net;
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, opt] = acc.prepare(net, sgd);
+  const auto data = regression_data(16);
+  for (const bool all : {true, false}) {
+    opt.zero_grad();
+    acc.backward(torch::mse_loss(model(data.inputs()), data.targets()));
+    const auto scaled = accelerate::testing::flat_gradients(*net).clone();
+    if (all) acc.unscale_gradients();
+    else acc.unscale_gradients(opt);
+    const auto unscaled = accelerate::testing::flat_gradients(*net).clone();
+    EXPECT_TRUE(torch::equal(unscaled, scaled / acc.loss_scale())) << "a power of two: exact";
+    try {
+      acc.unscale_gradients();
+      ADD_FAILURE() << "a second unscale";
+    } catch (const accelerate::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("unscale_gradients: the gradients of these parameters were already unscaled"),
+                std::string::npos) << e.what();
+    }
+    const auto before = flat_parameters(*net);
+    opt.step();
+    EXPECT_TRUE(torch::allclose(flat_parameters(*net), before - 0.1 * unscaled, 0, 1e-7)) << "stepped on the true gradients";
+  }
+}
+
 // Two optimizers, one overflowing: acc.optimizer_step_was_skipped() is true when any skipped
 // (Accelerate's rule), and each scheduler follows only the optimizer it sets the rates of —
 // also one prepared before its optimizer.

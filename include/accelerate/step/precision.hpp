@@ -45,7 +45,7 @@ void check_autocast_supported(const c10::Device& device) {
 ///   static constexpr bool scales_loss;
 ///   scale(loss);                      // what backward() backpropagates
 ///   OptimizerSlot add_optimizer(opt); // what a prepared optimizer keeps
-///   unscale(slot); unscale_owners(params, caller);   // true gradients, once per step
+///   unscale(slot); unscale_owners(params, caller); unscale_all(caller);  // once per step
 ///   agree_on_skip(slot, agree);       // hands its inf/NaN flag to the engine, if it has one
 ///   step(slot, run_step);             // runs (or skips) the optimizer step
 ///   skipped(slot); step_skipped(); loss_scale(); register_state(registry);
@@ -66,6 +66,7 @@ class PrecisionStep {
   static OptimizerSlot add_optimizer(const torch::optim::Optimizer&) noexcept { return {}; }
   static void unscale(OptimizerSlot&) noexcept {}
   static void unscale_owners(const std::vector<at::Tensor>&, const char*) noexcept {}
+  static void unscale_all(const char*) noexcept {}
   template <class Agree>
   static void agree_on_skip(OptimizerSlot&, Agree&&) noexcept {}
   template <class RunStep>
@@ -122,13 +123,13 @@ class LossScalingStep {
       const bool owns = std::any_of(params.begin(), params.end(), [&](const at::Tensor& p) {
         return std::any_of(slot->params.begin(), slot->params.end(), [&](const at::Tensor& q) { return q.is_same(p); });
       });
-      if (!owns) continue;
-      // Unscaling twice would divide the gradients by the scale twice.
-      ACCELERATE_CHECK(!slot->unscaled, caller, ": the gradients of these parameters were already "
-                       "unscaled in this optimizer step (a second clip call before opt.step()?); "
-                       "they are unscaled once per step, as torch.amp.GradScaler.unscale_");
-      scaler_.unscale_(slot->params, *slot);
+      if (owns) unscale_once(*slot, caller);
     }
+  }
+
+  /// Unscales the gradients of every prepared optimizer (unscale_gradients()).
+  void unscale_all(const char* caller) {
+    for (auto& slot : optimizers_) unscale_once(*slot, caller);
   }
 
   /// Hands the step's inf/NaN flag to `agree` (the engine's agree_on_found_inf), so ranks
@@ -188,6 +189,14 @@ class LossScalingStep {
   }
 
  private:
+  // Unscaling twice would divide the gradients by the scale twice.
+  void unscale_once(OptimizerAmpState& slot, const char* caller) {
+    ACCELERATE_CHECK(!slot.unscaled, caller, ": the gradients of these parameters were already unscaled in "
+                     "this optimizer step (by clip_grad_norm_, clip_grad_value_ or unscale_gradients); they "
+                     "are unscaled once per step, as torch.amp.GradScaler.unscale_");
+    scaler_.unscale_(slot.params, slot);
+  }
+
   GradScaler scaler_;
   std::vector<OptimizerSlot> optimizers_;
   std::vector<torch::optim::Optimizer*> owners_;  // optimizers_[i]'s optimizer
