@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -252,6 +253,52 @@ TEST(FreeMemory, ASecondModelTrainsAndCheckpointsUnderShardedBackend) {
   ASSERT_EQ(job.exit_code, 0) << job.logs();
   EXPECT_TRUE(torch::equal(load_tensor(job.dir / "params_0.bin"), load_tensor(job.dir / "params_1.bin")));
   EXPECT_FALSE(std::filesystem::exists(job.dir / "checkpoint" / "model_1.safetensors"));
+}
+
+// estimate_memory under each Backend against what the tensors hold after a synchronised
+// backward and step: data parallel with bucket views and with copies, Zero stages 1 and 2 on
+// a parameter count no world size divides, in small buckets (each padded separately).
+template <class Accelerator>
+int check_estimate(bool views) {
+  Accelerator acc{{.process_group = {.timeout = 30s},
+                   .ddp = {.bucket_cap_bytes = 256, .first_bucket_cap_bytes = 256, .gradient_as_bucket_view = views}}};
+  TinyNet net(6, 5, 3);
+  torch::optim::AdamW adamw(net->parameters(), 0.01);
+  auto [model, opt] = acc.prepare(net, adamw);
+  const auto data = regression_data(8, 6, 3);
+  acc.backward(torch::mse_loss(model(data.inputs()), data.targets()));
+  opt.step();
+  const auto estimate = accelerate::estimate_memory(acc, model, opt);
+  const auto* reducer = model.model_sync().reducer();
+  const auto gradients = static_cast<std::int64_t>(reducer->gradient_memory_bytes());
+  std::int64_t state = 0;
+  for (const auto& [key, t] : accelerate::checkpoint::optimizer_state_dict(adamw).tensors) state += t.nbytes();
+  std::cerr << "estimate: " << estimate << "; held: gradients " << gradients << " B, optimizer state " << state
+            << " B, parameters " << accelerate::testing::parameter_bytes(*net) << " B; estimate in bytes: "
+            << estimate.parameters << " " << estimate.gradients << " " << estimate.optimizer_state << std::endl;
+  if (estimate.parameters != accelerate::testing::parameter_bytes(*net)) return 2;
+  if (estimate.gradients != gradients) return 3;
+  if (estimate.optimizer_state != state) return 4;
+  return 0;
+}
+
+ACCELERATE_WORKER(estimate_memory_backends) {
+  std::string backend = std::getenv("ACCELERATE_TEST_ARGS");  // one argument per line
+  backend = backend.substr(0, backend.find('\n'));
+  if (backend == "views") return check_estimate<Acc>(true);
+  if (backend == "copies") return check_estimate<Acc>(false);
+  if (backend == "zero1") return check_estimate<accelerate::Accelerator<accelerate::Zero<accelerate::Gloo, 1>>>(true);
+  if (backend == "zero2") return check_estimate<accelerate::Accelerator<accelerate::Zero<accelerate::Gloo, 2>>>(true);
+  return 9;
+}
+
+TEST(EstimateMemory, EqualsTheBytesHeldUnderEachBackend) {
+  for (const int world : {2, 3}) {
+    for (const std::string backend : {"views", "copies", "zero1", "zero2"}) {
+      auto job = run_job("estimate_memory_backends", {.world_size = world, .args = {backend}});
+      EXPECT_EQ(job.exit_code, 0) << backend << " on " << world << " ranks\n" << job.logs();
+    }
+  }
 }
 
 }  // namespace

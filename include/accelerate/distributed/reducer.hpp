@@ -581,7 +581,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       comm_->wait(bucket.second_work, "gradient all_reduce (PowerSGD's second factor)");
       bucket.compressor.finish(bucket.flat, world);
     }
-    for (std::size_t index = 0; index < params_.size(); ++index) {
+    for (std::size_t index = 0; index < params_.size() && !sharded(); ++index) {
       if (used_flags && used_flags[index] == 0) continue;  // unused everywhere: .grad untouched
       at::Tensor& param = params_[index];
       const at::Tensor slot = bucket_slot(index);
@@ -595,13 +595,21 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       }
     }
     if (sharded()) {
-      // Sharded optimizer state: each rank keeps only its slices (views of the averages) and
-      // releases the parameters' .grad, so the next window accumulates from zero.
+      // Sharded optimizer state: each rank keeps only its slices, views of the averaged
+      // buckets (which persist), and releases the parameters' .grad, so the next window
+      // accumulates from zero. (Views of the parameters' .grad would keep every one a slice
+      // touches alive: up to twice the gradient memory, measured by estimate_memory's test.)
       for (std::size_t k = 0; k < pieces_.size(); ++k) {
-        const at::Tensor& full = params_[pieces_[k].param].grad();
+        const ShardPiece& piece = pieces_[k];
         at::Tensor& grad = piece_tensors_[k].mutable_grad();
-        if (full.defined()) grad = storage_alias(full.contiguous(), pieces_[k].begin, pieces_[k].length);
-        else grad.reset();
+        if (used_flags && used_flags[piece.param] == 0) {  // unused everywhere: the local .grad
+          const at::Tensor& local = params_[piece.param].grad();
+          if (local.defined()) grad = storage_alias(local.contiguous(), piece.begin, piece.length);
+          else grad.reset();
+        } else {
+          const Bucket& bucket = buckets_[bucket_of_[piece.param]];
+          grad = storage_alias(bucket.flat, bucket.offsets[position_of_[piece.param]] + piece.begin, piece.length);
+        }
       }
       for (auto& param : params_) param.mutable_grad().reset();
     }

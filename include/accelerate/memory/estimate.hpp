@@ -80,9 +80,11 @@ inline std::int64_t tensor_bytes(const at::Tensor& t) {
 /// objects behind them), computed from their shapes and the Backend's layout:
 ///   - parameters: every parameter of the model, whole (stages 1 and 2 keep them whole);
 ///   - gradients: one copy of the trainable parameters; two with several processes and
-///     DdpOptions::gradient_as_bucket_view off (the .grad and the buckets); under a sharded
-///     Backend only this rank's slices (what the optimizer's param groups hold after
-///     prepare), as between backward and step;
+///     DdpOptions::gradient_as_bucket_view off (the .grad and the buckets). Zero stage 1 keeps
+///     the averaged buckets (one copy; its slices are views of them); stage 2 only this rank's
+///     slice of each bucket — 1/W of it, rounded up, so the last ranks' share of the padding
+///     counts too (given the prepared model; given the module, the slices the optimizer's
+///     param groups hold);
 ///   - optimizer state: state_tensors_per_parameter for each param group times the bytes of
 ///     its parameters (a sharded optimizer's groups hold this rank's slices).
 /// Gradient compression's own state (PowerSGD's factors) is not counted.
@@ -112,8 +114,21 @@ MemoryEstimate estimate_memory(const Acc& acc, Model& model, Optimizer& optimize
     slices += group_bytes;
     estimate.optimizer_state += state_tensors_per_parameter(group.options()) * group_bytes;
   }
-  if constexpr (distributed::customises_step_optimizer<Engine>) {
-    estimate.gradients = slices;
+  if constexpr (requires { Engine::stage; }) {
+    estimate.gradients = Engine::stage == 1 ? trainable : slices;
+    if constexpr (requires { model.model_sync().reducer(); }) {
+      const auto* reducer = model.model_sync().reducer();
+      if (Engine::stage >= 2 && reducer != nullptr) {
+        const std::int64_t world = acc.num_processes();
+        estimate.gradients = 0;
+        for (const auto& bucket : reducer->bucket_layout()) {
+          std::int64_t elements = 0;
+          for (const std::size_t index : bucket) elements += reducer->parameters()[index].numel();
+          const std::int64_t element_size = reducer->parameters()[bucket.front()].element_size();
+          estimate.gradients += (elements + world - 1) / world * element_size;
+        }
+      }
+    }
   } else {
     const bool copies = Engine::distributed && acc.num_processes() > 1 && !acc.options().ddp.gradient_as_bucket_view;
     estimate.gradients = copies ? 2 * trainable : trainable;
