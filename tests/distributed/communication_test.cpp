@@ -330,13 +330,15 @@ std::vector<std::string> arg_lines() {
 }
 
 // Six synchronised steps of the reversed model with PowerSGD from round 3; the first job saves
-// after step 3 and goes on, the second loads that checkpoint and does steps 4 to 6. Each
-// step's data depends only on the rank and the step. Writes the final parameters, the bucket
-// layout after step 3 and the bytes of steps 4 to 6.
+// after step `save_at` (third argument, default 2, counted from 0) and goes on, the second
+// loads that checkpoint and does the remaining steps ("resume_other_world": on another number
+// of processes). Each step's data depends only on the rank and the step. Writes the final
+// parameters, the bucket layout at the checkpoint and the bytes of the steps after it.
 ACCELERATE_WORKER(resume_layout) {
   const auto args = arg_lines();
-  const bool resume = args.at(0) == "resume";
+  const bool resume = args.at(0) != "straight";
   const std::filesystem::path dir = args.at(1);
+  const int save_at = args.size() > 2 ? std::stoi(args.at(2)) : 2;
   accelerate::DdpOptions ddp{.bucket_cap_bytes = 512, .first_bucket_cap_bytes = 64,
                              .compression = accelerate::GradientCompression::power_sgd};
   ddp.power_sgd = {.rank = 1, .start_iteration = 3};
@@ -358,8 +360,8 @@ ACCELERATE_WORKER(resume_layout) {
   std::ostringstream bytes;
   int first = 0;
   if (resume) {
-    acc.load_state(dir / "state");
-    first = 3;
+    acc.load_state(dir / "state", {.allow_world_size_change = args.at(0) == "resume_other_world"});
+    first = save_at + 1;
     std::ofstream(job_dir() / ("layout_rank" + rank)) << layout_text();
   }
   for (int step = first; step < 6; ++step) {
@@ -370,8 +372,8 @@ ACCELERATE_WORKER(resume_layout) {
     opt.zero_grad();
     acc.backward(torch::mse_loss(model(x), y));
     opt.step();
-    if (step >= 3) bytes << (acc.stats().gradient_allreduce.bytes - before) << ' ';
-    if (!resume && step == 2) {
+    if (step > save_at) bytes << (acc.stats().gradient_allreduce.bytes - before) << ' ';
+    if (!resume && step == save_at) {
       acc.save_state(dir / "state");
       std::ofstream(job_dir() / ("layout_rank" + rank)) << layout_text();
     }
@@ -404,6 +406,29 @@ TEST(GradientSyncState, ResumesInTheSavedLayoutAndRoundCount) {
     const auto b = load_tensor(resumed.dir / ("params_rank" + rank + ".bin"));
     EXPECT_TRUE(torch::equal(a, b)) << "rank " << r << ": " << (a - b).abs().max().item<double>();
   }
+}
+
+// Saved after two compressed steps, PowerSGD's warm-start Q, each rank's error feedback and
+// its generator travel in random_states_<rank>: the resumed run ends bit for bit as the
+// uninterrupted one. Loaded by another number of processes (whose error feedback would belong
+// to other ranks), every rank starts compression afresh alike and trains on, ranks identical.
+TEST(GradientSyncState, ResumesPowerSgdStateExactly) {
+  accelerate::testing::TempDir dir;
+  auto straight = run_job("resume_layout", {.world_size = 3, .args = {"straight", dir.path().string(), "4"}});
+  ASSERT_EQ(straight.exit_code, 0) << straight.logs();
+  auto resumed = run_job("resume_layout", {.world_size = 3, .args = {"resume", dir.path().string(), "4"}});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.logs();
+  for (int r = 0; r < 3; ++r) {
+    const std::string rank = std::to_string(r);
+    const auto a = load_tensor(straight.dir / ("params_rank" + rank + ".bin"));
+    const auto b = load_tensor(resumed.dir / ("params_rank" + rank + ".bin"));
+    EXPECT_TRUE(torch::equal(a, b)) << "rank " << r << ": " << (a - b).abs().max().item<double>();
+  }
+  auto other = run_job("resume_layout", {.world_size = 2, .args = {"resume_other_world", dir.path().string(), "4"}});
+  ASSERT_EQ(other.exit_code, 0) << other.logs();
+  const auto rank0 = load_tensor(other.dir / "params_rank0.bin");
+  EXPECT_TRUE(torch::equal(rank0, load_tensor(other.dir / "params_rank1.bin")));
+  EXPECT_TRUE(torch::isfinite(rank0).all().item<bool>());
 }
 
 ACCELERATE_WORKER(exposed_time) {

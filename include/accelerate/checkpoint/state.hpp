@@ -380,7 +380,9 @@ inline SavePlan plan_save(const StateSources& src, ProjectConfiguration& project
     for (const auto& entry : *list) {
       const std::size_t index = counts[entry.kind]++;
       if (in_rank_file(entry)) {
-        per_rank.values.update(entry.save().values);
+        StateDict state = entry.save();
+        per_rank.values.update(state.values);
+        for (auto& [key, tensor] : state.tensors) per_rank.tensors[key] = std::move(tensor);
         continue;
       }
       if (entry.owner == EntryOwner::main_rank && !src.writes_replicated_state) continue;

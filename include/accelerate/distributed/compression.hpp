@@ -7,12 +7,15 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 
+#include <accelerate/detail/check.hpp>
 #include <accelerate/options.hpp>
 
 namespace accelerate::distributed {
@@ -140,6 +143,60 @@ class BucketCompressor {
         at::mm_out(target, p(m), q(m).t());
       }
     }
+  }
+
+  /// What a checkpoint keeps so that a resumed run compresses as an uninterrupted one
+  /// (PowerSGD; nothing otherwise, or before the first compressed step): Q, whose warm start
+  /// carries over and which is the same on every rank, this rank's error feedback, and the
+  /// generator Q is drawn from. Copies on the CPU (an asynchronous save writes them later).
+  std::map<std::string, at::Tensor> state() const {
+    std::map<std::string, at::Tensor> saved;
+    if (kind_ != GradientCompression::power_sgd) return saved;
+    if (q_.defined()) saved["q"] = q_.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    if (error_.defined()) saved["error"] = error_.detach().to(at::kCPU, false, true);
+    if (generator_.defined()) saved["generator"] = generator_.get_state();
+    return saved;
+  }
+
+  /// Finds what load_state(saved, ...) would refuse, changing nothing.
+  void check_state(const std::map<std::string, at::Tensor>& saved) const {
+    for (const auto& [name, tensor] : saved) {
+      const int64_t expected = name == "q" ? q_length_ : name == "error" ? error_length_ : -1;
+      ACCELERATE_CHECK(kind_ == GradientCompression::power_sgd && (expected >= 0 || name == "generator"),
+                       "PowerSGD state: unexpected entry '", name, "' for a bucket compressed with ", to_string(kind_));
+      if (name == "generator") {
+        at::Generator trial = at::make_generator<at::CPUGeneratorImpl>();
+        try {
+          trial.set_state(tensor);
+        } catch (const c10::Error& e) {
+          accelerate::detail::fail("PowerSGD state: the generator state is not one a CPU generator accepts (",
+                                   e.what_without_backtrace(), ")");
+        }
+      } else {
+        ACCELERATE_CHECK(tensor.numel() == expected, "PowerSGD state: '", name, "' has ", tensor.numel(),
+                         " elements, this bucket's matrices need ", expected, " (another model or rank?)");
+      }
+    }
+  }
+
+  /// Restores state() onto `options`' device. `keep` false (state saved by another number of
+  /// processes, whose error feedback belongs to other ranks) starts everything afresh on every
+  /// rank alike, as a new run would. Checked first: a refused state changes nothing.
+  void load_state(const std::map<std::string, at::Tensor>& saved, const at::TensorOptions& options, bool keep) {
+    check_state(saved);
+    const auto find = [&](const char* name) {
+      const auto it = saved.find(name);
+      return it == saved.end() || !keep ? at::Tensor() : it->second;
+    };
+    at::Generator generator;
+    if (const at::Tensor bytes = find("generator"); bytes.defined()) {
+      generator = at::make_generator<at::CPUGeneratorImpl>();
+      generator.set_state(bytes);
+    }
+    const at::Tensor q = find("q"), error = find("error");
+    q_ = q.defined() ? q.reshape({q_length_}).to(options, false, true) : at::Tensor();
+    error_ = error.defined() ? error.reshape({error_length_}).to(options, false, true) : at::Tensor();
+    generator_ = generator;
   }
 
   /// Bytes of state kept between steps (the wire buffer, Q, the error feedback).

@@ -89,10 +89,19 @@ class ReducerHandle {
                              [reducer = reducer_, key] {
                                StateDict state;
                                state.values[key] = reducer->layout_state();
+                               for (auto& [name, tensor] : reducer->compression_state())
+                                 state.tensors[key + "." + name] = tensor;
                                return state;
                              },
                              [reducer = reducer_, key](const StateDict& state) {
-                               if (state.values.contains(key)) reducer->load_layout_state(state.values.at(key));
+                               if (!state.values.contains(key)) return;
+                               const nlohmann::json& layout = state.values.at(key);
+                               reducer->load_layout_state(layout);
+                               std::map<std::string, at::Tensor> compression;
+                               for (const auto& [name, tensor] : state.tensors)
+                                 if (name.rfind(key + ".", 0) == 0) compression[name.substr(key.size() + 1)] = tensor;
+                               const int saved_world = layout.value("world_size", -1);  // -1: older checkpoint
+                               reducer->load_compression_state(compression, saved_world);
                              }};
   }
 

@@ -217,7 +217,8 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// registration order for its first round, and on 3+ ranks Gloo sums a moved element in
   /// another order). The same on every rank.
   nlohmann::json layout_state() const {
-    nlohmann::json state = {{"sync_rounds", sync_rounds_}, {"order_settled", order_settled_}};
+    nlohmann::json state = {{"sync_rounds", sync_rounds_}, {"order_settled", order_settled_},
+                            {"world_size", comm_->world_size()}};
     if (order_settled_) state["bucket_order"] = launch_order();
     return state;
   }
@@ -242,6 +243,40 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     if (sharded()) return;  // a sharded optimizer's slices are cut from the initial layout
     relayout(order);
     order_settled_ = settled;
+  }
+
+  /// Each bucket's compression state (BucketCompressor::state: PowerSGD's Q, this rank's error
+  /// feedback, its generator), as "bucket<b>.<name>"; saved beside layout_state(), after which
+  /// it is restored (the buckets are those of the layout).
+  std::map<std::string, at::Tensor> compression_state() const {
+    std::map<std::string, at::Tensor> saved;
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      for (auto& [name, tensor] : buckets_[b].compressor.state()) saved["bucket" + std::to_string(b) + "." + name] = tensor;
+    return saved;
+  }
+
+  /// Restores compression_state(); a `saved_world_size` other than this job's (-1: unknown,
+  /// taken as the same) starts every bucket's compression afresh on every rank alike. Every
+  /// bucket is checked before any changes.
+  void load_compression_state(const std::map<std::string, at::Tensor>& saved, int saved_world_size) {
+    std::vector<std::map<std::string, at::Tensor>> per_bucket(buckets_.size());
+    for (const auto& [key, tensor] : saved) {
+      const auto dot = key.find('.');
+      std::size_t b = buckets_.size();
+      if (key.rfind("bucket", 0) == 0 && dot != std::string::npos) {
+        try {
+          b = std::stoul(key.substr(6, dot - 6));
+        } catch (const std::exception&) {
+        }
+      }
+      ACCELERATE_CHECK(b < buckets_.size(), "gradient sync state: '", key, "' names no bucket of this model's ",
+                       buckets_.size());
+      per_bucket[b][key.substr(dot + 1)] = tensor;
+    }
+    for (std::size_t b = 0; b < buckets_.size(); ++b) buckets_[b].compressor.check_state(per_bucket[b]);
+    const bool same_world = saved_world_size < 0 || saved_world_size == comm_->world_size();
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      buckets_[b].compressor.load_state(per_bucket[b], buckets_[b].options, same_world);
   }
   /// Bytes of gradient memory this reducer's model holds: the buckets, the compression state
   /// and every parameter's .grad that is not a view into a bucket (storage counted once).

@@ -108,4 +108,42 @@ TEST(BucketCompressor, PowerSgdLeavesMatricesThatWouldNotShrinkUncompressed) {
   EXPECT_TRUE(torch::allclose(flat, input));
 }
 
+// One PowerSGD step on one rank: compress, decompress, finish.
+void power_sgd_step(BucketCompressor& compressor, at::Tensor& flat) {
+  compressor.compress(flat, 1);
+  compressor.decompress(flat, 1);
+  compressor.finish(flat, 1);
+}
+
+// A compressor restored from another's state() compresses the next gradient exactly as the
+// original does (warm-start Q, error feedback, generator), and a state of another shape is
+// refused without changing anything.
+TEST(BucketCompressor, PowerSgdStateRoundTripsAndIsCheckedFirst) {
+  const PowerSgdOptions options{.rank = 2, .min_compression_rate = 1.0};
+  const std::vector<accelerate::distributed::BucketEntry> entries{{0, {8, 6}}, {48, {5}}};
+  BucketCompressor original(GradientCompression::power_sgd, options, entries);
+  auto flat = torch::randn({53});
+  power_sgd_step(original, flat);
+  const auto saved = original.state();
+  ASSERT_EQ(saved.size(), 3u) << "q, error and generator";
+
+  BucketCompressor restored(GradientCompression::power_sgd, options, entries);
+  restored.load_state(saved, flat.options(), /*keep=*/true);
+  auto next = torch::randn({53});
+  auto next_copy = next.clone();
+  power_sgd_step(original, next);
+  power_sgd_step(restored, next_copy);
+  EXPECT_TRUE(torch::equal(next, next_copy));
+
+  BucketCompressor other(GradientCompression::power_sgd, options, {{0, {6, 8}}, {48, {5}}, {53, {4, 4}}});
+  auto wrong = saved;
+  EXPECT_THROW(other.check_state(wrong), accelerate::Error);
+  wrong["q"] = torch::zeros({3});
+  EXPECT_THROW(restored.load_state(wrong, flat.options(), true), accelerate::Error);
+  EXPECT_TRUE(torch::equal(restored.state().at("q"), original.state().at("q"))) << "unchanged by the refusal";
+  BucketCompressor fp16(GradientCompression::fp16, {}, entries);
+  EXPECT_TRUE(fp16.state().empty());
+  EXPECT_THROW(fp16.check_state(saved), accelerate::Error);
+}
+
 }  // namespace
