@@ -212,8 +212,9 @@ class ProcessGroupEngine {
   /// before any collective could mismatch.
   void check_same_on_every_rank(const std::string& key, const std::string& value, const std::string& subject) {
     if (!store_) return;
-    wait_for_all(*store_, key, env_, value, timeout_, "prepare check");
-    check_same_everywhere(*store_, key, env_, value, subject);
+    const std::string prefix = next_check_key(key);
+    wait_for_all(*store_, prefix, env_, value, timeout_, "prepare check");
+    check_same_everywhere(*store_, prefix, env_, value, subject);
   }
 
   /// The rendezvous store (null for a one-process job).
@@ -254,7 +255,7 @@ class ProcessGroupEngine {
       shapes << "] ";  // one field per tensor: no spaces inside
     }
     const std::string mine = shapes.str();
-    const std::string prefix = "model/" + name;
+    const std::string prefix = next_check_key("model/" + name);
     wait_for_all(*store_, prefix, env_, mine, timeout_, "model check");
     check_same_everywhere(*store_, prefix, env_, mine,
                           "prepare: " + name + " must have the same parameter names, dtypes and "
@@ -268,7 +269,13 @@ class ProcessGroupEngine {
     broadcast_flat(*comm_, tensors, 0);
   }
 
+  // `key` made unique by the number of store checks before it, the same on every rank (each
+  // makes the same checks in the same order). Names alone repeat: after free_memory() the
+  // next model is model_0 again, and a rank could read the other's answer for the old one.
+  std::string next_check_key(const std::string& key) { return key + "#" + std::to_string(store_checks_++); }
+
   ProcessEnvironment env_;
+  std::size_t store_checks_ = 0;
   std::chrono::milliseconds timeout_;
   c10::Device collective_device_;
   compat::StorePtr store_;
