@@ -783,6 +783,8 @@ class Accelerator {
         << " ddp.first_bucket_cap_bytes=" << o.ddp.first_bucket_cap_bytes
         << " ddp.find_unused_parameters=" << o.ddp.find_unused_parameters
         << " data.even_batches=" << o.data.even_batches;
+    if (o.data.split_batches) out << " data.split_batches=1";
+    if (o.data.dispatch_batches) out << " data.dispatch_batches=1";
     // Options that change which collectives run, only when not the default, so a default
     // configuration's fingerprint (and its checkpoints') stays what it was.
     if (!o.ddp.bucket_order_from_arrival) out << " ddp.bucket_order_from_arrival=0";
@@ -897,24 +899,33 @@ class Accelerator {
       spec.dataset_size = Source::dataset_size(*data.dataset);
       spec.batch_size = data.options.batch_size;
       spec.world_size = static_cast<std::size_t>(num_processes());
+      ACCELERATE_CHECK(spec.batch_size > 0, "prepare: DataLoaderOptions::batch_size must be > 0");
+      if (ctx_.core.options.data.split_batches) {
+        ACCELERATE_CHECK(spec.batch_size % spec.world_size == 0, "prepare: with data.split_batches the batch_size ",
+                         spec.batch_size, " is the global batch and must divide between the ", spec.world_size,
+                         " processes");
+        spec.batch_size /= spec.world_size;
+        spec.split_batches = true;
+      }
       spec.rank = static_cast<std::size_t>(process_index());
       spec.shuffle = data.options.shuffle;
       spec.drop_last = data.options.drop_last;
       spec.even_batches = ctx_.core.options.data.even_batches;
       // Drawing a seed consumes the global generator, so only a shuffling loader does it.
       spec.seed = data.options.seed ? *data.options.seed : spec.shuffle ? shared_random_seed() : 0;
-      ACCELERATE_CHECK(spec.batch_size > 0, "prepare: DataLoaderOptions::batch_size must be > 0");
-      return register_loader(PreparedDataLoader<Source, Accelerator>(Source(data.dataset, spec), &ctx_));
+      const typename Source::Workers workers{data.options.num_workers, data.options.prefetch_factor};
+      return register_loader(PreparedDataLoader<Source, Accelerator>(Source(data.dataset, spec, workers), &ctx_));
     } else if constexpr (MapDataset<U>) {
       return prepare_data(DataLoader<U>(detail::hold(std::forward<D>(data))));
     } else {
       auto held = detail::hold(std::forward<D>(data));
       using Range = typename decltype(held)::element_type;
-      using Source = detail::RangeSource<Range>;
-      return register_loader(PreparedDataLoader<Source, Accelerator>(
-          Source(held, static_cast<std::size_t>(num_processes()),
-                 static_cast<std::size_t>(process_index())),
-          &ctx_));
+      using Source = detail::RangeSource<Range, engine_type>;
+      const detail::RangeSharing sharing{.world_size = static_cast<std::size_t>(num_processes()),
+                                         .rank = static_cast<std::size_t>(process_index()),
+                                         .split = ctx_.core.options.data.split_batches,
+                                         .dispatch = ctx_.core.options.data.dispatch_batches};
+      return register_loader(PreparedDataLoader<Source, Accelerator>(Source(held, sharing, &ctx_.engine), &ctx_));
     }
   }
 

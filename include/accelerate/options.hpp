@@ -187,9 +187,23 @@ struct DdpOptions {
 /// How prepared dataloaders shard (Accelerate's DataLoaderConfiguration).
 /// Example:
 ///   Acc acc{{.data = {.even_batches = false}}};
+///   Acc acc{{.data = {.split_batches = true}}};  // batch_size 64 on 4 ranks: 16 each
 struct DataOptions {
   /// Pad the last batches by wrapping so every rank gets as many full batches.
   bool even_batches = true;
+  /// A loader's batch size is the global batch: each of the N processes gets its 1/N slice of
+  /// every batch (rank r the r-th), so the global batch, and the schedule, do not depend on N.
+  /// The batch size of a DataLoader must then divide by N, and each batch of a range of
+  /// batches must have rows divisible by N. Prepared schedulers step once per optimizer step
+  /// instead of N times, as in Accelerate.
+  bool split_batches = false;
+  /// A prepared range of batches (any iterable) is read by rank 0 alone, which broadcasts each
+  /// round's batches; the other ranks never iterate it. Each rank gets the batches it would
+  /// have read itself. Without it every rank iterates the whole range and keeps its share, so
+  /// W ranks do W times the reading (and any decoding inside the range's iterator). Map-style
+  /// datasets are always read only at each rank's own indices, so this changes nothing there.
+  /// Unlike Accelerate it is off by default: the broadcast costs two messages per batch.
+  bool dispatch_batches = false;
 };
 
 /// Experiment trackers started by Accelerator::init_trackers.

@@ -276,3 +276,156 @@ TEST_P(DataParallel, MapStyleDatasetsAreReadOnlyAtThisRanksIndices) {
 }
 
 }  // namespace
+
+namespace {
+
+// Accelerate's split_batches table: range(24) in global batches of 2W, each rank gets its
+// 2-row slice (2 ranks: rank 0 [0,1],[4,5],...; rank 1 [2,3],[6,7],...), from a map-style
+// dataset and from a range of global batches alike; a scheduler steps once per optimizer step.
+ACCELERATE_WORKER(split_batches) {
+  accelerate::Accelerator<accelerate::Gloo> acc{{.process_group = {.timeout = 60s}, .data = {.split_batches = true}}};
+  const int64_t world = acc.num_processes(), rank = acc.process_index(), global = 2 * world;
+  auto expected = [&](int64_t k) { return torch::arange(k * global + 2 * rank, k * global + 2 * rank + 2); };
+  auto fail = [&](const std::string& what) {
+    std::cerr << "rank " << rank << ": " << what << "\n";
+    return 3;
+  };
+
+  const auto numbers = torch::arange(24);
+  auto [loader] = acc.prepare(accelerate::DataLoader(accelerate::data::TensorDataset(numbers, numbers),
+                                                     {.batch_size = static_cast<std::size_t>(global)}));
+  if (loader.size() != static_cast<std::size_t>(24 / global)) return fail("map-style loader size " + std::to_string(loader.size()));
+  int64_t k = 0;
+  for (auto& batch : loader)
+    if (!torch::equal(batch.target, expected(k++))) return fail("map-style batch " + std::to_string(k - 1));
+
+  std::vector<torch::Tensor> batches;  // each element is a global batch
+  for (int64_t b = 0; b < 24 / global; ++b) batches.push_back(torch::arange(b * global, (b + 1) * global));
+  auto [range] = acc.prepare(batches);
+  if (range.size() != batches.size()) return fail("range loader size " + std::to_string(range.size()));
+  k = 0;
+  for (auto& batch : range)
+    if (!torch::equal(batch, expected(k++))) return fail("range batch " + std::to_string(k - 1));
+
+  torch::nn::Linear net(1, 1);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(1.0));
+  torch::optim::StepLR halve(sgd, /*step_size=*/10, /*gamma=*/0.5);
+  auto [model, opt, sched] = acc.prepare(net, sgd, halve);
+  acc.backward(model(torch::ones({2, 1})).sum());
+  opt.step();
+  sched.step();
+  // (Without split_batches it would have stepped world_size times.)
+  const auto stepped = sched.state_dict().value<int64_t>("step_count");
+  if (stepped != 1) return fail("the scheduler stepped " + std::to_string(stepped) + " times for one optimizer step");
+
+  // A global batch that does not divide between the processes is refused, naming it.
+  try {
+    [[maybe_unused]] auto refused = acc.prepare(accelerate::DataLoader(
+        accelerate::data::TensorDataset(numbers, numbers), {.batch_size = static_cast<std::size_t>(global + 1)}));
+    return fail("an indivisible batch size was accepted");
+  } catch (const accelerate::Error& e) {
+    if (std::string(e.what()).find("must divide between the " + std::to_string(world) + " processes") == std::string::npos)
+      return fail(e.what());
+  }
+  return 0;
+}
+
+TEST_P(DataParallel, SplitBatchesGiveEachRankItsSliceOfTheGlobalBatch) {
+  auto job = run_job("split_batches", {.world_size = GetParam()});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+}
+
+}  // namespace
+
+namespace {
+
+// A range of dict batches that counts how often its elements are read; element k has 1 + k % 3
+// rows (rounds of uneven shapes), ids k*10.., features k, and a name.
+struct CountingBatches {
+  using Batch = std::map<std::string, torch::Tensor>;
+  std::shared_ptr<int> reads = std::make_shared<int>(0);
+  int64_t count = 12;
+  int64_t rows_per_element = 0;  // 0: 1 + k % 3; else all elements have this many rows
+
+  int64_t rows(int64_t k) const { return rows_per_element ? rows_per_element : 1 + k % 3; }
+  Batch element(int64_t k) const {
+    return {{"ids", torch::arange(rows(k)) + 10 * k}, {"x", torch::full({rows(k), 3}, static_cast<double>(k))}};
+  }
+  struct iterator {
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    const CountingBatches* range = nullptr;
+    int64_t k = 0;
+    Batch operator*() const {
+      ++*range->reads;
+      return range->element(k);
+    }
+    iterator& operator++() {
+      ++k;
+      return *this;
+    }
+    void operator++(int) { ++k; }
+    bool operator==(const iterator& other) const { return k == other.k; }
+  };
+  iterator begin() const { return {this, 0}; }
+  iterator end() const { return {this, count}; }
+  std::size_t size() const { return static_cast<std::size_t>(count); }
+};
+
+bool same_batch(const CountingBatches::Batch& a, const CountingBatches::Batch& b) {
+  return a.size() == b.size() && torch::equal(a.at("ids"), b.at("ids")) && torch::equal(a.at("x"), b.at("x"));
+}
+
+// dispatch_batches: rank 0 alone iterates the range; each rank gets the batches it would have
+// read itself (element k*W + r; with split_batches its slice of element k), also after a resume.
+ACCELERATE_WORKER(dispatch_batches) {
+  const char* mode = std::getenv("ACCELERATE_TEST_ARGS");  // "split\n" or "whole\n"
+  const bool split = mode != nullptr && std::string(mode).rfind("split", 0) == 0;
+  accelerate::Accelerator<accelerate::Gloo> acc{
+      {.process_group = {.timeout = 60s}, .data = {.split_batches = split, .dispatch_batches = true}}};
+  const auto world = static_cast<int64_t>(acc.num_processes()), rank = static_cast<int64_t>(acc.process_index());
+  auto fail = [&](const std::string& what) {
+    std::cerr << "rank " << rank << ": " << what << "\n";
+    return 3;
+  };
+  CountingBatches range;
+  if (split) range.rows_per_element = 2 * world;
+  const auto reads = range.reads;
+  auto expected = [&](int64_t k) {
+    if (!split) return range.element(k * world + rank);
+    auto whole = range.element(k);
+    return CountingBatches::Batch{{"ids", whole.at("ids").narrow(0, 2 * rank, 2)}, {"x", whole.at("x").narrow(0, 2 * rank, 2)}};
+  };
+  auto [loader] = acc.prepare(range);
+  const int64_t batches = split ? range.count : range.count / world;
+  if (static_cast<int64_t>(loader.size()) != batches) return fail("size " + std::to_string(loader.size()));
+  int64_t k = 0;
+  accelerate::StateDict saved;
+  for (auto& batch : loader) {
+    if (!same_batch(batch, expected(k))) return fail("batch " + std::to_string(k) + " differs");
+    if (++k == 2) saved = loader.state_dict();
+  }
+  if (k != batches) return fail("yielded " + std::to_string(k) + " batches");
+  const int read_by_rank_0 = static_cast<int>((split ? range.count : (range.count / world) * world));
+  if (*reads != (rank == 0 ? read_by_rank_0 : 0))
+    return fail("read " + std::to_string(*reads) + " elements of the range");
+
+  // A resumed loop starts at batch 2 on every rank, rank 0 skipping rounds without sending them.
+  loader.load_state_dict(saved);
+  k = 2;
+  for (auto& batch : loader)
+    if (!same_batch(batch, expected(k++))) return fail("resumed batch " + std::to_string(k - 1) + " differs");
+  if (k != batches) return fail("resumed run yielded " + std::to_string(k - 2) + " batches");
+  const auto sent = acc.stats().broadcast.calls;
+  if (sent == 0) return fail("no broadcast was counted");
+  return 0;
+}
+
+TEST_P(DataParallel, DispatchBatchesReadTheRangeOnRankZeroOnly) {
+  for (const std::string mode : {"whole", "split"}) {
+    auto job = run_job("dispatch_batches", {.world_size = GetParam(), .args = {mode}});
+    ASSERT_EQ(job.exit_code, 0) << mode << "\n" << job.logs();
+  }
+}
+
+}  // namespace

@@ -10,10 +10,12 @@
 
 namespace accelerate {
 
-/// How a dataset is batched. Per-process batch size, as Accelerate's default
-/// (split_batches=false): with N processes the global batch is N * batch_size.
+/// How a dataset is batched. Per-process batch size, as Accelerate's default: with N processes
+/// the global batch is N * batch_size (with AcceleratorOptions::data.split_batches,
+/// batch_size is the global batch and each process gets batch_size / N of it).
 /// Example:
 ///   accelerate::DataLoaderOptions{.batch_size = 64, .shuffle = true}
+///   accelerate::DataLoaderOptions{.batch_size = 64, .shuffle = true, .num_workers = 2}
 struct DataLoaderOptions {
   std::size_t batch_size = 1;
   bool shuffle = false;
@@ -22,6 +24,17 @@ struct DataLoaderOptions {
   /// Shuffle seed; unset means one drawn from the global torch RNG at prepare() (rank 0's
   /// draw is used everywhere), so seeding the accelerator makes the order reproducible.
   std::optional<std::uint64_t> seed;
+  /// Threads that read batches ahead of the training loop (torch's num_workers). 0 reads each
+  /// batch on the training thread when it is needed, and starts no thread. With workers the
+  /// batches, their order and their contents are those of 0 workers, for any count, shuffled
+  /// or resumed. The dataset is shared by the workers: its get() / get_batch() is called
+  /// concurrently (on different indices), so it must only read shared state, or guard what it
+  /// changes, and draw any randomness from the index rather than a global generator. An
+  /// exception thrown by the dataset reaches the loop as accelerate::Error naming the sample.
+  std::size_t num_workers = 0;
+  /// Batches each worker may have ready ahead of the loop (torch's prefetch_factor): at most
+  /// num_workers * prefetch_factor batches are held.
+  std::size_t prefetch_factor = 2;
 };
 
 /// A dataset and its batching options, for prepare(). The dataset is map-style: it has

@@ -26,6 +26,11 @@ struct ShardSpec {
   bool drop_last = false;
   bool even_batches = true;
   std::uint64_t seed = 0;
+  /// batch_size is this rank's slice of a global batch of batch_size * world_size (the loader
+  /// was given the global batch). The dealing is the same either way: rank r's slice of global
+  /// batch k is batch k * world_size + r of the slice size. Recorded for checkpoints, which
+  /// then compare global batches.
+  bool split_batches = false;
 };
 
 /// Deals an epoch's batches to ranks: global batch g goes to rank g % world_size, so rank r's

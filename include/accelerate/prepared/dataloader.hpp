@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <ranges>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -18,6 +19,8 @@
 
 #include <accelerate/checkpoint/stateful.hpp>
 #include <accelerate/data/batch.hpp>
+#include <accelerate/data/batch_layout.hpp>
+#include <accelerate/data/prefetcher.hpp>
 #include <accelerate/data/shard_sampler.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/gradient_state.hpp>
@@ -28,21 +31,45 @@ namespace accelerate {
 namespace detail {
 
 /// One batch of a map-style dataset: its get_batch(indices) when it has one, else its
-/// get(index) samples stacked by data::collate.
-template <class Dataset>
+/// get(index) samples stacked by data::collate. With `name_failures` an exception from the
+/// dataset becomes an accelerate::Error naming the sample (a worker's failure must say which
+/// read failed: the loop sees it later, on another thread).
+template <bool name_failures = false, class Dataset>
 auto fetch_batch(Dataset& dataset, const std::vector<int64_t>& indices) {
   if constexpr (requires(c10::ArrayRef<int64_t> i) { dataset.get_batch(i); }) {
-    return dataset.get_batch(c10::ArrayRef<int64_t>(indices));
+    if constexpr (!name_failures) {
+      return dataset.get_batch(c10::ArrayRef<int64_t>(indices));
+    } else {
+      try {
+        return dataset.get_batch(c10::ArrayRef<int64_t>(indices));
+      } catch (const std::exception& e) {
+        std::string samples = "the batch of samples [";
+        for (std::size_t i = 0; i < indices.size() && i < 8; ++i) samples += (i ? ", " : "") + std::to_string(indices[i]);
+        samples += indices.size() > 8 ? ", ...]" : "]";
+        fail("dataloader worker: reading ", samples, " failed: ", e.what());
+      }
+    }
   } else {
     using Example = std::remove_cvref_t<decltype(dataset.get(std::size_t{0}))>;
     std::vector<Example> samples;
     samples.reserve(indices.size());
-    for (const int64_t i : indices) samples.push_back(dataset.get(static_cast<std::size_t>(i)));
+    for (const int64_t i : indices) {
+      if constexpr (!name_failures) {
+        samples.push_back(dataset.get(static_cast<std::size_t>(i)));
+      } else {
+        try {
+          samples.push_back(dataset.get(static_cast<std::size_t>(i)));
+        } catch (const std::exception& e) {
+          fail("dataloader worker: reading sample ", i, " failed: ", e.what());
+        }
+      }
+    }
     return data::collate(samples);
   }
 }
 
-/// Batches of a map-style dataset, dealt by a ShardSampler.
+/// Batches of a map-style dataset, dealt by a ShardSampler; with workers, read ahead by a
+/// data::Prefetcher (none exists, and no thread runs, with 0 workers).
 template <class Dataset>
 class DatasetSource {
  public:
@@ -50,8 +77,17 @@ class DatasetSource {
       decltype(fetch_batch(std::declval<Dataset&>(), std::declval<const std::vector<int64_t>&>()));
   static constexpr bool sized = true;
 
-  DatasetSource(std::shared_ptr<Dataset> dataset, const data::ShardSpec& spec)
-      : dataset_(std::move(dataset)), sampler_(spec) {}
+  /// How far ahead batches are read.
+  struct Workers {
+    std::size_t count = 0;
+    std::size_t prefetch_factor = 2;
+  };
+
+  DatasetSource(std::shared_ptr<Dataset> dataset, const data::ShardSpec& spec, Workers workers = {})
+      : dataset_(std::move(dataset)), sampler_(spec), workers_(workers) {
+    ACCELERATE_CHECK(workers.count == 0 || workers.prefetch_factor > 0,
+                     "DataLoaderOptions::prefetch_factor must be > 0 with num_workers = ", workers.count);
+  }
 
   static std::size_t dataset_size(Dataset& dataset) {
     const auto size = dataset.size();
@@ -64,11 +100,29 @@ class DatasetSource {
   }
 
   void start(std::size_t epoch, std::size_t skip) {
+    stop();
     order_ = sampler_.order(epoch);
     next_ = std::min(skip, sampler_.batches_per_rank());
+    if (workers_.count > 0 && next_ < size()) {
+      // The workers read copies of the order and the sampler, so nothing they touch changes
+      // under them (load_state_dict may re-seed the sampler while they run).
+      prefetcher_ = std::make_unique<data::Prefetcher<batch_type>>(
+          next_, size(), workers_.count, workers_.count * workers_.prefetch_factor,
+          [dataset = dataset_, sampler = sampler_, order = order_](std::size_t k) {
+            return fetch_batch</*name_failures=*/true>(*dataset, sampler.batch(order, k));
+          });
+    }
   }
+  /// Stops and joins the workers of the current epoch (a loop left early); no-op without.
+  void stop() noexcept { prefetcher_.reset(); }
   bool has_next() const noexcept { return next_ < sampler_.batches_per_rank(); }
-  batch_type next() { return fetch_batch(*dataset_, sampler_.batch(order_, next_++)); }
+  batch_type next() {
+    if (prefetcher_) {
+      ++next_;
+      return prefetcher_->next();
+    }
+    return fetch_batch(*dataset_, sampler_.batch(order_, next_++));
+  }
   std::size_t size() const noexcept { return sampler_.batches_per_rank(); }
   std::size_t remaining() const noexcept { return size() - next_; }
   /// Accelerate's remainder: real samples of the last global batch (0 with drop_last).
@@ -78,73 +132,171 @@ class DatasetSource {
     return static_cast<std::int64_t>(sampler_.samples() % (spec.batch_size * spec.world_size));
   }
   const data::ShardSampler& sampler() const noexcept { return sampler_; }
-  void set_seed(std::uint64_t seed) noexcept { sampler_.set_seed(seed); }
-  void set_epoch_start(std::size_t start) noexcept { sampler_.set_epoch_start(start); }
+  void set_seed(std::uint64_t seed) noexcept {
+    stop();
+    sampler_.set_seed(seed);
+  }
+  void set_epoch_start(std::size_t start) noexcept {
+    stop();
+    sampler_.set_epoch_start(start);
+  }
   Dataset& dataset() const noexcept { return *dataset_; }
+  const Workers& workers() const noexcept { return workers_; }
 
  private:
   std::shared_ptr<Dataset> dataset_;
   data::ShardSampler sampler_;
+  Workers workers_;
   std::vector<int64_t> order_;
   std::size_t next_ = 0;
+  std::unique_ptr<data::Prefetcher<batch_type>> prefetcher_;
+};
+
+/// Rank `rank`'s 1/world rows of every tensor of global batch `index` (split_batches).
+template <class Batch>
+Batch split_rows(const Batch& batch, std::size_t world, std::size_t rank, std::size_t index) {
+  return data::map_tensors(batch, [&](const at::Tensor& t) {
+    ACCELERATE_CHECK(t.dim() > 0 && t.size(0) % static_cast<int64_t>(world) == 0,
+                     "prepare: with data.split_batches each batch of a range is split between the ", world,
+                     " processes, but batch ", index, " has a tensor of shape ", t.sizes(),
+                     " whose rows do not divide by ", world);
+    const int64_t rows = t.size(0) / static_cast<int64_t>(world);
+    return t.narrow(0, rows * static_cast<int64_t>(rank), rows);
+  });
+}
+
+/// How the ranks share a range of batches.
+struct RangeSharing {
+  std::size_t world_size = 1;
+  std::size_t rank = 0;
+  /// Each element is a global batch; each rank takes its slice of rows (split_batches).
+  bool split = false;
+  /// Only rank 0 reads the range and broadcasts what each rank takes (dispatch_batches).
+  bool dispatch = false;
 };
 
 /// Batches of any iterable of batches. With several ranks, rank r takes element r of each
 /// complete round of world_size elements (an incomplete last round is dropped, so every rank
-/// gets as many batches). One element is read ahead to know which batch is the last.
-template <class Range>
+/// gets as many batches). With `split`, each element is a global batch and rank r takes its
+/// r-th 1/world_size slice of rows. Every rank reads the whole range, unless `dispatch`: then
+/// rank 0 alone reads each round and broadcasts it in two messages (a header with the sizes,
+/// then the layout and every tensor's bytes, data::pack_batch), and the others never iterate
+/// the range (they may ask its size()); the batches are the same. One round is read ahead to
+/// know which batch is the last.
+template <class Range, class Engine>
 class RangeSource {
   using Iterator = decltype(std::declval<Range&>().begin());
-  using Sentinel = decltype(std::declval<Range&>().end());
 
  public:
   using batch_type = std::remove_cvref_t<decltype(*std::declval<Iterator&>())>;
   static constexpr bool sized = std::ranges::sized_range<Range>;
 
-  RangeSource(std::shared_ptr<Range> range, std::size_t world_size, std::size_t rank)
-      : range_(std::move(range)), world_size_(world_size), rank_(rank) {}
+  RangeSource(std::shared_ptr<Range> range, RangeSharing sharing, Engine* engine)
+      : range_(std::move(range)), sharing_(sharing), engine_(engine) {
+    if (sharing_.world_size == 1) sharing_.dispatch = false;
+  }
 
   void start(std::size_t /*epoch*/, std::size_t skip) {
-    iterator_.emplace(range_->begin());
     taken_ = 0;
+    if (reader()) {
+      iterator_.emplace(range_->begin());
+      if (sharing_.dispatch)
+        for (std::size_t i = 0; i < skip && read_round(); ++i) {}  // skipped rounds are not sent
+    }
     read_ahead();
-    for (std::size_t i = 0; i < skip && lookahead_; ++i) read_ahead();
+    if (!sharing_.dispatch)
+      for (std::size_t i = 0; i < skip && lookahead_; ++i) read_ahead();
   }
   bool has_next() const noexcept { return lookahead_.has_value(); }
   batch_type next() {
     batch_type out = std::move(*lookahead_);
     ++taken_;
     read_ahead();
+    if (sharing_.split) return split_rows(out, sharing_.world_size, sharing_.rank, taken_ - 1);
     return out;
   }
   std::size_t size() const
     requires sized
   {
-    return static_cast<std::size_t>(std::ranges::size(*range_)) / world_size_;
+    return static_cast<std::size_t>(std::ranges::size(*range_)) / elements_per_batch();
   }
   std::size_t remaining() const {
     if constexpr (sized) return size() - taken_;
     else return 0;  // unknown
   }
   static constexpr std::int64_t remainder() noexcept { return -1; }  // unknown
+  /// Elements of the range consumed for each batch this rank yields.
+  std::size_t elements_per_batch() const noexcept { return sharing_.split ? 1 : sharing_.world_size; }
+  bool split() const noexcept { return sharing_.split; }
+  bool dispatch() const noexcept { return sharing_.dispatch; }
 
  private:
-  void read_ahead() {
-    lookahead_.reset();
-    std::optional<batch_type> mine;
+  bool reader() const noexcept { return !sharing_.dispatch || sharing_.rank == 0; }
+  /// The element of a round this rank takes.
+  std::size_t mine() const noexcept { return sharing_.split ? 0 : sharing_.rank; }
+
+  /// The next complete round of the range, or nothing at its end.
+  std::optional<std::vector<batch_type>> read_round() {
+    std::vector<batch_type> round;
+    round.reserve(elements_per_batch());
     auto& it = *iterator_;
-    for (std::size_t w = 0; w < world_size_; ++w) {
-      if (!(it != range_->end())) return;  // incomplete round
-      if (w == rank_) mine.emplace(*it);
+    for (std::size_t w = 0; w < elements_per_batch(); ++w) {
+      if (!(it != range_->end())) return std::nullopt;  // incomplete round
+      round.push_back(*it);
       ++it;
     }
-    lookahead_ = std::move(mine);
+    return round;
+  }
+
+  void read_ahead() {
+    lookahead_.reset();
+    if (sharing_.dispatch) return receive_round();
+    if (auto round = read_round()) lookahead_.emplace(std::move((*round)[mine()]));
+  }
+
+  void receive_round() {
+    const c10::Device device = engine_->collective_device();
+    std::string layout_text;
+    at::Tensor bytes;
+    // Whether a round follows, the layout's length, the tensors' bytes.
+    at::Tensor header = at::zeros({3}, at::kLong);
+    if (sharing_.rank == 0) {
+      if (auto round = read_round()) {
+        auto [layout, packed] = data::pack_batch(*round, device);
+        layout_text = layout.dump();
+        bytes = packed;
+        header = at::tensor({std::int64_t{1}, static_cast<std::int64_t>(layout_text.size()), bytes.numel()}, at::kLong);
+      }
+    }
+    header = header.to(device);
+    engine_->broadcast(header, 0);
+    const at::Tensor sizes = header.cpu();
+    if (sizes[0].item<std::int64_t>() == 0) return;  // the range is exhausted
+    const std::int64_t text_size = sizes[1].item<std::int64_t>(), byte_size = sizes[2].item<std::int64_t>();
+    at::Tensor message;
+    if (sharing_.rank == 0) {
+      const at::Tensor text = at::from_blob(layout_text.data(), {text_size}, at::kByte).to(device);
+      message = at::cat({text, bytes});
+    } else {
+      message = at::empty({text_size + byte_size}, at::TensorOptions().dtype(at::kByte).device(device));
+    }
+    engine_->broadcast(message, 0);
+    const at::Tensor text = message.narrow(0, 0, text_size).cpu().contiguous();
+    const auto* begin = reinterpret_cast<const char*>(text.data_ptr<std::uint8_t>());
+    const nlohmann::json layout = nlohmann::json::parse(begin, begin + text_size);
+    ACCELERATE_CHECK(layout.is_array() && layout.size() == elements_per_batch(), "dispatch_batches: rank 0 sent ",
+                     layout.size(), " batches in a round, expected ", elements_per_batch());
+    // Only this rank's element is rebuilt: the bytes of those before it are skipped.
+    std::int64_t offset = text_size;
+    for (std::size_t e = 0; e < mine(); ++e) offset += data::packed_bytes(layout[e]);
+    const std::int64_t length = data::packed_bytes(layout[mine()]);
+    lookahead_.emplace(data::unpack_batch<batch_type>(layout[mine()], message.narrow(0, offset, length)));
   }
 
   std::shared_ptr<Range> range_;
-  std::size_t world_size_;
-  std::size_t rank_;
-  std::optional<Iterator> iterator_;
+  RangeSharing sharing_;
+  Engine* engine_;
+  std::optional<Iterator> iterator_;  // only where this rank reads the range
   std::optional<batch_type> lookahead_;
   std::size_t taken_ = 0;
 };
@@ -172,6 +324,7 @@ class PreparedDataLoader {
     // Positions of the current epoch's order consumed by a run with another world size (a
     // resharded resume); this run deals the rest. Map-style datasets only.
     std::size_t epoch_start = 0;
+    std::size_t iteration = 0;  // begin() calls so far: which loop the live iterators belong to
 
     void set_epoch_start(std::size_t start) {
       epoch_start = start;
@@ -184,7 +337,7 @@ class PreparedDataLoader {
         const auto& spec = source.sampler().spec();
         return std::min(spec.dataset_size, epoch_start + consumed * spec.world_size * spec.batch_size);
       } else {
-        return consumed * static_cast<std::size_t>(context->num_processes());  // elements of the range
+        return consumed * source.elements_per_batch();  // elements of the range
       }
     }
 
@@ -206,6 +359,22 @@ class PreparedDataLoader {
  public:
   using batch_type = typename Source::batch_type;
 
+  /// One loop over the loader: registered with the GradientState while it runs; when its last
+  /// iterator goes (the loop ended, a `break`, an exception) the workers reading ahead for it
+  /// stop, unless a newer loop has begun.
+  struct Iteration {
+    GradientState::Activation activation;
+    Shared* shared;
+    std::size_t number;
+    Iteration(GradientState& state, Shared* s) : activation(state), shared(s), number(s->iteration) {}
+    Iteration(const Iteration&) = delete;
+    Iteration& operator=(const Iteration&) = delete;
+    ~Iteration() {
+      if constexpr (requires { shared->source.stop(); })
+        if (shared->iteration == number) shared->source.stop();
+    }
+  };
+
   /// Range-for iterator: input iterator whose operator* is the current batch.
   class iterator {
    public:
@@ -217,13 +386,13 @@ class PreparedDataLoader {
 
     iterator() = default;
     iterator(Shared* shared, GradientState& state)
-        : shared_(shared), activation_(std::make_shared<GradientState::Activation>(state)),
-          current_(shared->fetch(*activation_)) {}
+        : shared_(shared), iteration_(std::make_shared<Iteration>(state, shared)),
+          current_(shared->fetch(iteration_->activation)) {}
 
     batch_type& operator*() const { return *current_; }
     batch_type* operator->() const { return &*current_; }
     iterator& operator++() {
-      current_ = shared_->fetch(*activation_);
+      current_ = shared_->fetch(iteration_->activation);
       return *this;
     }
     void operator++(int) { ++*this; }
@@ -234,8 +403,8 @@ class PreparedDataLoader {
    private:
     Shared* shared_ = nullptr;
     // Shared by copies of the iterator; the last one destroyed ends the registration (a
-    // `break` out of the loop).
-    std::shared_ptr<GradientState::Activation> activation_;
+    // `break` out of the loop) and stops the workers.
+    std::shared_ptr<Iteration> iteration_;
     mutable std::optional<batch_type> current_;
   };
 
@@ -245,6 +414,7 @@ class PreparedDataLoader {
   /// Starts (or, after load_state / skip_first_batches, resumes) the current epoch.
   iterator begin() {
     auto& s = *shared_;
+    ++s.iteration;
     s.source.start(s.epoch, s.skip_next);
     s.consumed = s.skip_next;
     s.skip_next = 0;
@@ -293,12 +463,16 @@ class PreparedDataLoader {
       s.values["shuffle"] = spec.shuffle;
       s.values["drop_last"] = spec.drop_last;
       s.values["even_batches"] = spec.even_batches;
+      s.values["split_batches"] = spec.split_batches;
+    } else {
+      s.values["split_batches"] = sh.source.split();
     }
     return s;
   }
 
   /// Restores the position; the next begin() resumes after the last consumed batch. A state
-  /// taken with another dataset size, batch size, shuffle, drop_last or even_batches (the
+  /// taken with another dataset size, batch size, shuffle, drop_last, even_batches or
+  /// split_batches (the
   /// batch order would differ) is an error naming both values; nothing changes before every
   /// value is checked.
   ///
@@ -318,13 +492,18 @@ class PreparedDataLoader {
       const auto& spec = sh.source.sampler().spec();
       const auto dataset_size = s.value<std::size_t>("dataset_size");
       const auto batch_size = s.value<std::size_t>("batch_size");
-      ACCELERATE_CHECK(dataset_size == spec.dataset_size && batch_size == spec.batch_size,
+      // Split batches are compared whole: the slices differ with the number of processes.
+      const bool saved_split = s.values.contains("split_batches") && s.value<bool>("split_batches");
+      const auto saved_batch = saved_split ? batch_size * world : batch_size;
+      const auto this_batch = spec.split_batches ? spec.batch_size * here : spec.batch_size;
+      ACCELERATE_CHECK(dataset_size == spec.dataset_size && saved_batch == this_batch,
                        "dataloader state: saved for a dataset of ", dataset_size,
-                       " samples in batches of ", batch_size, ", this loader has ",
-                       spec.dataset_size, " samples in batches of ", spec.batch_size);
+                       " samples in batches of ", saved_batch, ", this loader has ",
+                       spec.dataset_size, " samples in batches of ", this_batch);
       // States written before these were recorded lack them.
       for (const auto& [key, mine] : {std::pair{"shuffle", spec.shuffle}, std::pair{"drop_last", spec.drop_last},
-                                      std::pair{"even_batches", spec.even_batches}}) {
+                                      std::pair{"even_batches", spec.even_batches},
+                                      std::pair{"split_batches", spec.split_batches}}) {
         if (!s.values.contains(key)) continue;
         const bool saved = s.value<bool>(key);
         ACCELERATE_CHECK(saved == mine, "dataloader state: saved with ", key, " = ", saved ? "true" : "false",
@@ -349,12 +528,20 @@ class PreparedDataLoader {
         skip = 0;
       }
       sh.source.set_seed(s.value<std::uint64_t>("seed"));
-    } else if (world != here) {
-      ACCELERATE_CHECK(consumed * world % here == 0, "dataloader state: saved by ", world, " processes after ",
+    } else {
+      const bool saved_split = s.values.contains("split_batches") && s.value<bool>("split_batches");
+      ACCELERATE_CHECK(saved_split == sh.source.split(), "dataloader state: saved with split_batches = ",
+                       saved_split ? "true" : "false", ", this loader has split_batches = ",
+                       sh.source.split() ? "true" : "false", " (the batches would differ)");
+    }
+    if constexpr (!requires { sh.source.sampler(); }) {
+      if (world != here && !sh.source.split()) {
+        ACCELERATE_CHECK(consumed * world % here == 0, "dataloader state: saved by ", world, " processes after ",
                        consumed, " batches each (", consumed * world, " batches of the range); this run has ",
                        here, " processes, which cannot resume there: a range of batches is dealt in rounds of ",
                        here, " (prepare a map-style dataset to resume anywhere)");
-      skip = consumed * world / here;
+        skip = consumed * world / here;
+      }
     }
     sh.epoch = epoch;
     sh.set_epoch_start(epoch_start);

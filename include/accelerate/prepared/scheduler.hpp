@@ -24,7 +24,7 @@ namespace accelerate {
 /// nothing on non-sync micro-steps or after its optimizer's step was skipped (Fp16; each
 /// scheduler follows only the optimizer it sets the rates of); otherwise num_processes steps,
 /// because schedules are written in single-process batches (with N processes each optimizer
-/// step consumes N batches). AcceleratorOptions::step_scheduler_with_optimizer = false steps it
+/// step consumes N batches), or one step with data.split_batches (the global batch is one). AcceleratorOptions::step_scheduler_with_optimizer = false steps it
 /// on every call instead. With Accelerator<> step() is the scheduler's step().
 ///
 /// A torch::optim::ReduceLROnPlateauScheduler is stepped with a metric, step(metric), under the

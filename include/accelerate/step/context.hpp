@@ -122,13 +122,15 @@ struct Context {
 
   /// How many times a prepared scheduler steps now: 0 when its optimizer did not step (off a
   /// boundary, or skipped; `follows(optimizer)` tells whether an optimizer is the scheduler's),
-  /// else num_processes (schedules are written in single-process batches, as in Accelerate), or
-  /// 1 on every call without AcceleratorOptions::step_scheduler_with_optimizer.
+  /// else num_processes (schedules are written in single-process batches, as in Accelerate;
+  /// 1 with data.split_batches, whose global batch is one), or 1 on every call without
+  /// AcceleratorOptions::step_scheduler_with_optimizer.
   template <class Follows>
   int scheduler_steps_due(scheduler_slot& slot, Follows&& follows) {
     if (!core.options.step_scheduler_with_optimizer) return 1;
     if (!accumulation.sync() || precision.followed_step_skipped(slot, follows)) return 0;
-    return engine.world_size();
+    // A split global batch is the single-process batch: one step of the schedule.
+    return core.options.data.split_batches ? 1 : engine.world_size();
   }
 
   /// `value` averaged over the processes, in double, so every rank gets the same number (exactly

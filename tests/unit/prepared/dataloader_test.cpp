@@ -4,6 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <stdexcept>
+#include <thread>
+
 #include <range/v3/view/enumerate.hpp>
 #include <range/v3/view/take.hpp>
 
@@ -129,6 +135,187 @@ TEST(PreparedDataLoader, StateFromAnotherBatchingIsAnError) {
               std::string::npos) << e.what();
   }
   EXPECT_EQ(loader.batches_consumed(), 0u) << "a refused state changes nothing";
+}
+
+// A dataset whose samples take uneven time to read (later ones often finish first on another
+// worker) and which counts its reads; sample i is the row {i, i} with target i.
+struct SlowDataset : torch::data::datasets::Dataset<SlowDataset> {
+  std::shared_ptr<std::atomic<int>> reads = std::make_shared<std::atomic<int>>(0);
+  int64_t samples = 30;
+  int64_t broken = -1;  // get() of this index throws
+  torch::data::Example<> get(size_t i) override {
+    ++*reads;
+    std::this_thread::sleep_for(std::chrono::microseconds(100 * ((5 * i) % 4)));
+    if (static_cast<int64_t>(i) == broken) throw std::runtime_error("cannot decode this image");
+    return {torch::full({2}, static_cast<double>(i)), torch::tensor(static_cast<int64_t>(i))};
+  }
+  torch::optional<size_t> size() const override { return static_cast<size_t>(samples); }
+};
+
+std::vector<int64_t> targets_of(const torch::Tensor& y) {
+  return {y.data_ptr<int64_t>(), y.data_ptr<int64_t>() + y.numel()};
+}
+
+int threads_of_this_process() {
+  return static_cast<int>(std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                                        std::filesystem::directory_iterator{}));
+}
+
+TEST(PreparedDataLoaderWorkers, YieldTheBatchesOfZeroWorkersShuffledOverEpochs) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  auto epochs_with = [&](std::size_t workers) {
+    auto [loader] = acc.prepare(accelerate::DataLoader(
+        SlowDataset{}, {.batch_size = 4, .shuffle = true, .seed = 8, .num_workers = workers, .prefetch_factor = 3}));
+    std::vector<std::vector<int64_t>> batches;
+    for (int epoch = 0; epoch < 2; ++epoch)
+      for (auto& [x, y] : loader) {
+        EXPECT_TRUE(torch::equal(x.select(1, 0).to(torch::kLong), y));
+        batches.push_back(targets_of(y));
+      }
+    return batches;
+  };
+  const auto reference = epochs_with(0);
+  ASSERT_EQ(reference.size(), 16u);  // 8 batches a epoch, the last of 2 samples
+  for (const std::size_t workers : {1u, 2u, 5u}) EXPECT_EQ(epochs_with(workers), reference) << workers << " workers";
+
+  // get_batch datasets (a TensorDataset) too.
+  auto data = accelerate::testing::regression_data(37);
+  auto tensors_with = [&](std::size_t workers) {
+    auto [loader] = acc.prepare(accelerate::DataLoader(data, {.batch_size = 5, .shuffle = true, .seed = 2, .num_workers = workers}));
+    std::vector<torch::Tensor> xs;
+    for (auto& batch : loader) xs.push_back(batch.data);
+    return torch::cat(xs);
+  };
+  EXPECT_TRUE(torch::equal(tensors_with(3), tensors_with(0)));
+}
+
+TEST(PreparedDataLoaderWorkers, ResumeWhereZeroWorkersWould) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  const accelerate::DataLoaderOptions options{.batch_size = 3, .shuffle = true, .seed = 4, .num_workers = 2};
+  auto [straight] = acc.prepare(accelerate::DataLoader(SlowDataset{}, options));
+  std::vector<std::vector<int64_t>> all;
+  for (auto& [x, y] : straight) all.push_back(targets_of(y));
+
+  auto [first] = acc.prepare(accelerate::DataLoader(SlowDataset{}, options));
+  accelerate::StateDict saved;
+  for ([[maybe_unused]] auto& batch : first)
+    if (first.batches_consumed() == 4) {
+      saved = first.state_dict();
+      break;  // the workers were reading ahead: their batches are not "consumed"
+    }
+  ASSERT_EQ(saved.value<std::size_t>("batches_consumed"), 4u);
+  auto options_3 = options;
+  options_3.num_workers = 3;
+  auto [resumed] = acc.prepare(accelerate::DataLoader(SlowDataset{}, options_3));
+  resumed.load_state_dict(saved);
+  std::size_t k = 4;
+  for (auto& [x, y] : resumed) EXPECT_EQ(targets_of(y), all[k++]);
+  EXPECT_EQ(k, all.size());
+}
+
+TEST(PreparedDataLoaderWorkers, ADatasetErrorNamesTheSampleAndTheOriginalMessage) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  SlowDataset broken;
+  broken.broken = 13;
+  auto [loader] = acc.prepare(accelerate::DataLoader(broken, {.batch_size = 4, .num_workers = 2}));
+  std::vector<int64_t> seen;
+  try {
+    for (auto& [x, y] : loader)
+      for (auto t : targets_of(y)) seen.push_back(t);
+    FAIL() << "expected an error";
+  } catch (const accelerate::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("reading sample 13 failed: cannot decode this image"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11})) << "every batch before it arrived";
+
+  // A get_batch dataset's failure names the batch's samples.
+  struct BrokenBatches {
+    std::size_t size() const { return 8; }
+    torch::Tensor get_batch(c10::ArrayRef<int64_t> indices) {
+      if (indices.front() == 4) throw std::runtime_error("truncated shard");
+      return torch::tensor(indices.vec());
+    }
+  };
+  auto [batches] = acc.prepare(accelerate::DataLoader(BrokenBatches{}, {.batch_size = 2, .num_workers = 1}));
+  try {
+    for ([[maybe_unused]] auto& batch : batches) {}
+    FAIL() << "expected an error";
+  } catch (const accelerate::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("reading the batch of samples [4, 5] failed: truncated shard"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(PreparedDataLoaderWorkers, LeavingTheLoopStopsAndJoinsTheWorkers) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  SlowDataset dataset;
+  dataset.samples = 4000;
+  const auto reads = dataset.reads;
+  const int threads_before = threads_of_this_process();
+  auto [loader] = acc.prepare(accelerate::DataLoader(dataset, {.batch_size = 2, .num_workers = 3, .prefetch_factor = 2}));
+  for ([[maybe_unused]] auto& batch : loader) {
+    EXPECT_GT(threads_of_this_process(), threads_before) << "the workers run while the loop does";
+    if (loader.batches_consumed() == 2) break;
+  }
+  EXPECT_EQ(threads_of_this_process(), threads_before) << "every worker joined at the break";
+  const int read_at_break = reads->load();
+  EXPECT_LE(read_at_break, 2 * (2 + 3 * 2 + 3)) << "consumed + window + one batch in flight per worker";
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(reads->load(), read_at_break) << "nothing reads after the loop";
+
+  // An exception out of the loop body joins them too; a new loop starts the epoch again.
+  try {
+    for ([[maybe_unused]] auto& batch : loader) throw std::runtime_error("the training step failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(threads_of_this_process(), threads_before);
+  EXPECT_EQ(loader.batches_consumed(), 1u);
+  for (auto& [x, y] : loader) {
+    EXPECT_EQ(targets_of(y), (std::vector<int64_t>{0, 1})) << "a new loop starts the epoch again";
+    break;
+  }
+  EXPECT_EQ(threads_of_this_process(), threads_before);
+}
+
+TEST(PreparedDataLoaderWorkers, ZeroWorkersStartNoThread) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  const int threads_before = threads_of_this_process();
+  auto [loader] = acc.prepare(accelerate::DataLoader(SlowDataset{}, {.batch_size = 2}));
+  for ([[maybe_unused]] auto& batch : loader) EXPECT_EQ(threads_of_this_process(), threads_before);
+}
+
+TEST(PreparedDataLoaderSplitBatches, OneProcessTakesTheWholeGlobalBatch) {
+  accelerate::Accelerator<> acc{{.cpu = true, .data = {.split_batches = true}}};
+  auto [loader] = acc.prepare(accelerate::DataLoader(SlowDataset{}, {.batch_size = 4}));
+  EXPECT_EQ(loader.size(), 8u);
+  for (auto& [x, y] : loader) {
+    EXPECT_EQ(targets_of(y).front() % 4, 0);
+    break;
+  }
+  // A state saved by 2 processes splitting the same global batch of 4 (slices of 2) resumes;
+  // one saved without splitting is refused, naming the option.
+  auto state = loader.state_dict();
+  EXPECT_TRUE(state.value<bool>("split_batches"));
+  state.values["world_size"] = 2;
+  state.values["batch_size"] = 2;
+  state.values["batches_consumed"] = 3;
+  state.values["samples_consumed"] = 12;
+  loader.load_state_dict(state);
+  for (auto& [x, y] : loader) {
+    EXPECT_EQ(targets_of(y), (std::vector<int64_t>{12, 13, 14, 15}));
+    break;
+  }
+  state.values["split_batches"] = false;
+  state.values["batch_size"] = 4;
+  state.values["world_size"] = 1;
+  try {
+    loader.load_state_dict(state);
+    FAIL() << "expected an error";
+  } catch (const accelerate::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("split_batches = false, this loader has split_batches = true"),
+              std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
