@@ -36,6 +36,7 @@
 #include <accelerate/checkpoint/stateful.hpp>
 #include <accelerate/compat/torch.hpp>
 #include <accelerate/data/batch.hpp>
+#include <accelerate/data/batch_layout.hpp>
 #include <accelerate/data/loader.hpp>
 #include <accelerate/data/shard_sampler.hpp>
 #include <accelerate/detail/check.hpp>
@@ -65,6 +66,7 @@
 #include <accelerate/random.hpp>
 #include <accelerate/scope/accumulate.hpp>
 #include <accelerate/scope/autocast.hpp>
+#include <accelerate/scope/join.hpp>
 #include <accelerate/step/context.hpp>
 #include <accelerate/track/csv.hpp>
 #include <accelerate/track/jsonl.hpp>
@@ -477,6 +479,42 @@ class Accelerator {
     } else {
       ((void)models, ...);
       return NoSyncScope<model_sync_type, 0>({});
+    }
+  }
+
+  /// Training on shards of different lengths (Accelerate's join_uneven_inputs, torch's Join),
+  /// for loaders prepared with `.data = {.even_batches = false}`: while the scope lives, each
+  /// forward of these models is announced to the ranks that ran out of batches, which match
+  /// the collectives of those still training (buffer broadcasts, gradient rounds of zeros) once
+  /// their own loop is over; the scope's end is where a rank waits for the others. Gradients
+  /// are averaged over the ranks that trained in the step (not the world size: torch's
+  /// divide_by_initial_world_size=False). A step synchronises on every training rank when it
+  /// does on one (another rank's last batch ends its accumulation window; averaging twice is
+  /// the same average). At the end every model's parameters (and broadcast buffers) are
+  /// broadcast from the last rank to finish, and so is the state of every prepared optimizer
+  /// and scheduler (and the grad scaler and micro-step count): all ranks leave in step, as if
+  /// each had trained to the end. Dataloader positions stay each rank's own. Costs one small
+  /// all-reduce per forward while the scope lives. Only the prepared models' collectives are shadowed:
+  /// other collectives in the loop (gather, reduce, a dispatched loader) would hang, as with
+  /// torch's Join. Not available with a sharded Backend. Empty with one process.
+  /// Example:
+  ///   Acc acc{{.data = {.even_batches = false}}};
+  ///   {
+  ///     auto join = acc.join_uneven_inputs(model);
+  ///     for (auto& [x, y] : loader) { acc.backward(loss(model(x), y)); opt.step(); opt.zero_grad(); }
+  ///   }
+  template <class... Models>
+  [[nodiscard("keep the scope alive around the loop: auto join = acc.join_uneven_inputs(model);")]]
+  JoinScope join_uneven_inputs(Models&... models) {
+    static_assert(!distributed::customises_step_optimizer<engine_type>,
+                  "join_uneven_inputs: a sharded Backend (Zero<...>) steps, clips and checkpoints through "
+                  "collectives that a rank which ran out of batches cannot match; use even_batches");
+    if constexpr (requires(engine_type& e, std::vector<model_sync_type*> m) { e.join_uneven_inputs(m); }) {
+      return ctx_.engine.join_uneven_inputs(std::vector<model_sync_type*>{&models.model_sync()...},
+                                            [this](int root) { adopt_training_state_from(root); });
+    } else {
+      ((void)models, ...);
+      return {};
     }
   }
 
@@ -950,6 +988,32 @@ class Accelerator {
   }
 
   std::size_t count(detail::CheckpointEntry::Kind kind) const { return ctx_.core.checkpoint.count(kind); }
+
+  /// After join_uneven_inputs: the optimizers', schedulers', grad scaler's and micro-step
+  /// counter's state of rank `root` (the last to finish) on every rank, as a checkpoint would
+  /// carry it: the values as JSON, the tensors packed into one broadcast.
+  void adopt_training_state_from(int root) {
+    using Kind = checkpoint::Entry::Kind;
+    auto adopt = [&](const checkpoint::Entry& entry) {
+      const bool mine = process_index() == root;
+      StateDict state;
+      if (mine) state = entry.save();
+      state.values = distributed::broadcast_object(ctx_.engine, state.values, root);
+      auto [layout, bytes] = data::pack_batch(state.tensors, ctx_.engine.collective_device());
+      layout = distributed::broadcast_object(ctx_.engine, layout, root);
+      if (!mine)
+        bytes = at::empty({data::packed_bytes(layout)},
+                          at::TensorOptions().dtype(at::kByte).device(ctx_.engine.collective_device()));
+      if (bytes.numel() > 0) ctx_.engine.broadcast(bytes, root);
+      if (mine) return;
+      state.tensors = data::unpack_batch<std::map<std::string, at::Tensor>>(layout, bytes);
+      entry.load(state);
+    };
+    for (const auto& entry : ctx_.core.checkpoint.objects())
+      if (entry.kind == Kind::optimizer || entry.kind == Kind::scheduler) adopt(entry);
+    for (const auto& entry : ctx_.core.checkpoint.step_states())
+      if (entry.kind == Kind::scaler || entry.kind == Kind::micro_step) adopt(entry);
+  }
 
   /// A seed drawn from torch's CPU generator on rank 0 and shared by all ranks.
   std::uint64_t shared_random_seed() {

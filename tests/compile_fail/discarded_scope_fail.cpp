@@ -15,4 +15,5 @@ void train(Acc& acc, torch::nn::Linear& net) {
   accelerate::Accelerator<> plain;
   auto [plain_model] = plain.prepare(net);
   plain.accumulate(plain_model);
+  plain.join_uneven_inputs(plain_model);
 }

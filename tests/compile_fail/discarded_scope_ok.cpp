@@ -16,4 +16,5 @@ void train(Acc& acc, torch::nn::Linear& net) {
   accelerate::Accelerator<> plain;
   auto [plain_model] = plain.prepare(net);
   auto always = plain.accumulate(plain_model);
+  auto joined = plain.join_uneven_inputs(plain_model);
 }

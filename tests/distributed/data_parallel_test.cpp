@@ -429,3 +429,133 @@ TEST_P(DataParallel, DispatchBatchesReadTheRangeOnRankZeroOnly) {
 }
 
 }  // namespace
+
+namespace {
+
+// join_uneven_inputs: rank r has 2 + 2r batches of its own (3 ranks: 2, 4 and 6), so ranks run
+// out several steps apart. Each step's gradient is the mean over the ranks still training; at
+// the end every rank holds the last rank's model. The parent replays that in one process.
+torch::Tensor uneven_batch(int64_t rank, int64_t k, bool target) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(1000 * rank + 2 * k + (target ? 1 : 0)));
+  return target ? at::randn({4, 4}, gen) : at::randn({4, 8}, gen);
+}
+int64_t uneven_batches(int64_t rank) { return 2 + 2 * rank; }
+
+ACCELERATE_WORKER(join_uneven) {
+  accelerate::Accelerator<accelerate::Gloo> acc{{.process_group = {.timeout = 60s}}};
+  const int64_t rank = acc.process_index();
+  torch::manual_seed(5);
+  TinyNet net(8, 16, 4);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto [model, opt] = acc.prepare(net, sgd);
+  {
+    auto join = acc.join_uneven_inputs(model);
+    for (int64_t k = 0; k < uneven_batches(rank); ++k) {
+      opt.zero_grad();
+      acc.backward(torch::mse_loss(model(uneven_batch(rank, k, false)), uneven_batch(rank, k, true)));
+      opt.step();
+    }
+  }
+  save_tensor(job_dir() / ("params_rank" + std::to_string(rank) + ".bin"), flat_parameters(*net));
+
+  // After the scope the model trains as before: one more step on every rank stays in step.
+  opt.zero_grad();
+  acc.backward(torch::mse_loss(model(uneven_batch(rank, 99, false)), uneven_batch(rank, 99, true)));
+  opt.step();
+  const auto params = flat_parameters(*net);
+  const auto everyone = acc.gather(params.unsqueeze(0));
+  for (int64_t r = 1; r < everyone.size(0); ++r)
+    if (!torch::equal(everyone[r], everyone[0])) {
+      std::cerr << "rank " << r << "'s model differs after a step outside the join scope\n";
+      return 3;
+    }
+  return 0;
+}
+
+TEST_P(DataParallel, JoinUnevenInputsAveragesOverTheRanksStillTrainingAndEndsTogether) {
+  const int world = GetParam();
+  auto job = run_job("join_uneven", {.world_size = world});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+
+  // The same steps in one process: step t averages the gradients of the ranks with a batch t.
+  torch::manual_seed(5);
+  TinyNet net(8, 16, 4);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int64_t k = 0; k < uneven_batches(world - 1); ++k) {
+    std::vector<torch::Tensor> sums;
+    int64_t training = 0;
+    for (int64_t r = 0; r < world; ++r) {
+      if (k >= uneven_batches(r)) continue;
+      ++training;
+      sgd.zero_grad();
+      torch::mse_loss(net(uneven_batch(r, k, false)), uneven_batch(r, k, true)).backward();
+      const auto params = net->parameters();
+      if (sums.empty()) for (const auto& p : params) sums.push_back(p.grad().clone());
+      else for (std::size_t i = 0; i < params.size(); ++i) sums[i] += params[i].grad();
+    }
+    const auto params = net->parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = sums[i] / static_cast<double>(training);
+    sgd.step();
+  }
+  const auto reference = flat_parameters(*net).to(torch::kDouble);
+  for (int r = 0; r < world; ++r) {
+    const auto params = load_tensor(job.dir / ("params_rank" + std::to_string(r) + ".bin"));
+    EXPECT_LE((params - reference).abs().max().item<double>(), 1e-6) << "rank " << r;
+  }
+}
+
+// A prepared loader with even_batches = false over 2W*2+1 samples in batches of 2: rank 0 gets
+// one batch more than the others; with accumulation over 2 micro-steps and a model with
+// buffers (broadcast before each forward), the ranks end together with the same model.
+struct WithBufferImpl : torch::nn::Module {
+  WithBufferImpl() : fc(register_module("fc", torch::nn::Linear(8, 4))) {
+    steps = register_buffer("steps", torch::zeros({1}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    steps += 1;
+    return fc(x);
+  }
+  torch::nn::Linear fc;
+  torch::Tensor steps;
+};
+TORCH_MODULE(WithBuffer);
+
+ACCELERATE_WORKER(join_loader) {
+  accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::AccumulateDynamic> acc{
+      {.accumulation = {.num_steps = 2}, .process_group = {.timeout = 60s}, .data = {.even_batches = false}}};
+  const int64_t world = acc.num_processes(), rank = acc.process_index();
+  torch::manual_seed(3);
+  WithBuffer net;
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(0.01));
+  auto [model, opt, loader] = acc.prepare(
+      net, adamw, accelerate::DataLoader(accelerate::testing::regression_data(4 * world + 1), {.batch_size = 2}));
+  const std::size_t expected = rank == 0 ? 3 : 2;
+  if (loader.size() != expected) {
+    std::cerr << "rank " << rank << " has " << loader.size() << " batches\n";
+    return 4;
+  }
+  {
+    auto join = acc.join_uneven_inputs(model);
+    for (auto& [x, y] : loader) {
+      auto step = acc.accumulate(model);
+      acc.backward(torch::mse_loss(model(x), y));
+      opt.step();
+      opt.zero_grad();
+    }
+  }
+  const auto state = torch::cat({flat_parameters(*net), net->steps}).unsqueeze(0);
+  const auto everyone = acc.gather(state);
+  for (int64_t r = 1; r < everyone.size(0); ++r)
+    if (!torch::equal(everyone[r], everyone[0])) {
+      std::cerr << "rank " << r << " ends with another model than rank 0\n";
+      return 3;
+    }
+  return everyone[0][-1].item<double>() == 3.0 ? 0 : 5;  // rank 0's three forwards
+}
+
+TEST_P(DataParallel, JoinUnevenInputsWithAPreparedLoaderAccumulationAndBuffers) {
+  auto job = run_job("join_loader", {.world_size = GetParam()});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+}
+
+}  // namespace

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
 
 #include <accelerate/compat/c10d.hpp>
 #include <accelerate/detail/check.hpp>
@@ -305,5 +307,23 @@ class Communicator {
   c10::Device verify_device_{c10::kCPU};
   std::int64_t verified_calls_ = 0;
 };
+
+/// Broadcasts `tensors` from `root` in place: one flat broadcast per dtype.
+inline void broadcast_flat(Communicator& comm, const std::vector<at::Tensor>& tensors, int root) {
+  torch::NoGradGuard no_grad;
+  std::map<int, std::vector<at::Tensor>> by_dtype;
+  for (const auto& t : tensors) by_dtype[static_cast<int>(t.scalar_type())].push_back(t);
+  for (auto& [dtype, group] : by_dtype) {
+    std::vector<at::Tensor> flat_parts;
+    for (auto& t : group) flat_parts.push_back(t.detach().reshape(-1));
+    at::Tensor flat = at::cat(flat_parts);
+    comm.broadcast(flat, root);
+    int64_t offset = 0;
+    for (auto& t : group) {
+      t.detach().copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
 
 }  // namespace accelerate::distributed

@@ -5,6 +5,7 @@
 
 #include <cctype>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -27,31 +28,15 @@
 #include <accelerate/distributed/engine.hpp>
 #include <accelerate/distributed/process_environment.hpp>
 #include <accelerate/distributed/heartbeat.hpp>
+#include <accelerate/distributed/join.hpp>
 #include <accelerate/distributed/reducer.hpp>
 #include <accelerate/distributed/rendezvous.hpp>
 #include <accelerate/distributed/stats.hpp>
 #include <accelerate/options.hpp>
 #include <accelerate/policy/backend.hpp>
+#include <accelerate/scope/join.hpp>
 
 namespace accelerate::distributed {
-
-/// Broadcasts `tensors` from `root` in place: one flat broadcast per dtype.
-inline void broadcast_flat(Communicator& comm, const std::vector<at::Tensor>& tensors, int root) {
-  torch::NoGradGuard no_grad;
-  std::map<int, std::vector<at::Tensor>> by_dtype;
-  for (const auto& t : tensors) by_dtype[static_cast<int>(t.scalar_type())].push_back(t);
-  for (auto& [dtype, group] : by_dtype) {
-    std::vector<at::Tensor> flat_parts;
-    for (auto& t : group) flat_parts.push_back(t.detach().reshape(-1));
-    at::Tensor flat = at::cat(flat_parts);
-    comm.broadcast(flat, root);
-    int64_t offset = 0;
-    for (auto& t : group) {
-      t.detach().copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
-  }
-}
 
 /// What a prepared model keeps for gradient synchronisation: its reducer (none when the job
 /// has a single process) and, with broadcast_buffers, the buffers rank 0 broadcasts before
@@ -63,9 +48,18 @@ class ReducerHandle {
                          std::shared_ptr<Communicator> comm = {})
       : reducer_(std::move(reducer)), buffers_(std::move(buffers)), comm_(std::move(comm)) {}
   /// Before a forward pass: rank 0's buffers to every rank. Every rank must run the forward
-  /// (as with DDP); DdpOptions::broadcast_buffers = false turns this off.
+  /// (as with DDP); DdpOptions::broadcast_buffers = false turns this off. Inside
+  /// join_uneven_inputs the forward is first announced to the ranks that ran out (JoinContext),
+  /// and the buffers come from the lowest rank still training.
   void before_forward() {
-    if (comm_ && !buffers_.empty()) broadcast_flat(*comm_, buffers_, 0);
+    int root = 0;
+    if (reducer_ && reducer_->join()) {
+      const bool sync = reducer_->sync_enabled() && torch::autograd::GradMode::is_enabled();
+      const auto notice = reducer_->join()->announce_forward(reducer_->join_index(), sync);
+      reducer_->prepare_joined_round(notice.training_ranks, notice.sync);
+      root = notice.buffer_root;
+    }
+    if (comm_ && !buffers_.empty()) broadcast_flat(*comm_, buffers_, root);
   }
   void set_sync(bool enabled) noexcept {
     if (reducer_) reducer_->set_sync(enabled);
@@ -221,6 +215,29 @@ class ProcessGroupEngine {
   c10d::Store* store() const noexcept { return store_.get(); }
   /// The communicator (null for a one-process job).
   Communicator* communicator() const noexcept { return comm_.get(); }
+
+  /// Accelerator::join_uneven_inputs for these models: attaches a JoinContext to their
+  /// reducers for the scope's life; once every rank has run out, `adopt(root)` runs on every
+  /// rank with the rank the models were synchronised from. Empty for a one-process job.
+  JoinScope join_uneven_inputs(const std::vector<ReducerHandle*>& models, std::function<void(int)> adopt = {}) {
+    if (!comm_) return {};
+    std::vector<JoinContext::Member> members;
+    for (const ReducerHandle* model : models) {
+      ACCELERATE_CHECK(model->shared_reducer() != nullptr, "join_uneven_inputs: a model has no gradient reducer");
+      ACCELERATE_CHECK(!model->shared_reducer()->join(), "join_uneven_inputs: a model is already inside a join "
+                       "scope (scopes do not nest)");
+      members.push_back({model->shared_reducer(), model->broadcast_buffers()});
+    }
+    auto context = std::make_shared<JoinContext>(comm_, std::move(members), collective_device_);
+    for (std::size_t m = 0; m < context->members().size(); ++m) context->members()[m].reducer->set_join(context, m);
+    return JoinScope([context, adopt = std::move(adopt)] {
+                       const int root = context->join();
+                       if (adopt) adopt(root);
+                     },
+                     [context] {
+                       for (const auto& member : context->members()) member.reducer->set_join(nullptr, 0);
+                     });
+  }
 
   /// Checks the model is the same on every rank, broadcasts rank 0's parameters (and
   /// buffers), and builds its reducer.

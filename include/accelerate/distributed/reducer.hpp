@@ -35,6 +35,8 @@
 
 namespace accelerate::distributed {
 
+class JoinContext;
+
 /// What a reducer leaves on each rank once a backward pass is synchronised.
 enum class Sharding {
   /// Data parallel: every parameter's .grad holds the average (PyTorch DDP).
@@ -172,6 +174,32 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// Whether backward passes communicate (false inside no_sync / accumulation micro-steps).
   void set_sync(bool enabled) noexcept { sync_ = enabled; }
   bool sync_enabled() const noexcept { return sync_; }
+
+  /// Under join_uneven_inputs: the next backward's gradients are averaged over `ranks`
+  /// processes (those still training; the others send zeros), and it synchronises even off an
+  /// accumulation boundary when `force_sync` (another rank's boundary: averaging is
+  /// idempotent, so the window's result is unchanged).
+  void prepare_joined_round(int ranks, bool force_sync) noexcept {
+    divisor_ = ranks;
+    force_sync_ = force_sync;
+  }
+  /// A rank that ran out of batches matches one synchronised backward of the others: every
+  /// bucket goes out as zeros, in the same collectives (compressed, with the unused-parameter
+  /// bitmap, the arrival-order broadcast), averaged over `ranks`.
+  void shadow_round(int ranks) {
+    prepare_joined_round(ranks, true);
+    open_round(/*from_backward=*/false);
+    for (const auto& bucket : buckets_)
+      for (const std::size_t index : bucket.params) mark_ready(index, /*used=*/false);
+    finish_round();
+  }
+  /// The join_uneven_inputs scope this model is part of (null outside one) and its index there.
+  void set_join(std::shared_ptr<JoinContext> join, std::size_t index) noexcept {
+    join_ = std::move(join);
+    join_index_ = index;
+  }
+  const std::shared_ptr<JoinContext>& join() const noexcept { return join_; }
+  std::size_t join_index() const noexcept { return join_index_; }
 
   bool finds_unused_parameters() const noexcept { return options_.find_unused_parameters; }
 
@@ -459,28 +487,30 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   }
 
   void on_ready(std::size_t index) {
-    if (!sync_) return;
-    if (!round_open_) {
-      round_open_ = true;
-      // Runs when this backward pass ends, on the same thread, before backward() returns.
-      torch::autograd::Engine::get_default_engine().queue_callback(
-          [weak = weak_from_this()] {
-            if (auto reducer = weak.lock()) reducer->finish_round();
-          });
-      // Every bucket of a round is compressed, or none (PowerSGD starts after some rounds).
-      round_compressed_ = options_.compression != GradientCompression::none &&
-                          (options_.compression != GradientCompression::power_sgd ||
-                           sync_rounds_ >= options_.power_sgd.start_iteration);
-      // What the forward's graph cannot reach is ready now (zeros), not at the end.
-      if (!unreachable_.empty())
-        for (std::size_t i = 0; i < params_.size(); ++i)
-          if (unreachable_[i]) mark_ready(i, /*used=*/false);
-    }
+    if (!sync_ && !force_sync_) return;
+    if (!round_open_) open_round(/*from_backward=*/true);
     if (ready_[index] && !used_[index]) {
       late_.push_back(names_[index]);  // predicted unused, yet it received a gradient
       return;
     }
     mark_ready(index, /*used=*/true);
+  }
+
+  void open_round(bool from_backward) {
+    round_open_ = true;
+    // Runs when this backward pass ends, on the same thread, before backward() returns.
+    if (from_backward)
+      torch::autograd::Engine::get_default_engine().queue_callback([weak = weak_from_this()] {
+        if (auto reducer = weak.lock()) reducer->finish_round();
+      });
+    // Every bucket of a round is compressed, or none (PowerSGD starts after some rounds).
+    round_compressed_ = options_.compression != GradientCompression::none &&
+                        (options_.compression != GradientCompression::power_sgd ||
+                         sync_rounds_ >= options_.power_sgd.start_iteration);
+    // What the forward's graph cannot reach is ready now (zeros), not at the end.
+    if (!unreachable_.empty())
+      for (std::size_t i = 0; i < params_.size(); ++i)
+        if (unreachable_[i]) mark_ready(i, /*used=*/false);
   }
 
   // Puts a gradient (zeros when unused or it has none) into its bucket, unless it is its
@@ -599,7 +629,8 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       reset_round();
       return;
     }
-    const int world = comm_->world_size();
+    // The average is over the ranks that contributed (all, unless some ran out under join).
+    const int world = divisor_ > 0 ? divisor_ : comm_->world_size();
     for (auto& bucket : buckets_) {
       comm_->wait(bucket.work, "gradient all_reduce");
       if (!round_compressed_) {
@@ -713,6 +744,8 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   }
 
   void reset_round() {
+    divisor_ = 0;
+    force_sync_ = false;
     next_bucket_ = 0;
     ready_count_ = 0;
     std::fill(ready_.begin(), ready_.end(), false);
@@ -752,6 +785,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   bool round_compressed_ = false;
   bool order_settled_ = false;  // the arrival order was looked at (once)
   bool sync_ = true;
+  int divisor_ = 0;          // join: ranks averaged over in this round; 0 = all
+  bool force_sync_ = false;  // join: this round synchronises whatever sync_ says
+  std::shared_ptr<JoinContext> join_;
+  std::size_t join_index_ = 0;
 };
 
 }  // namespace accelerate::distributed
