@@ -31,6 +31,7 @@ struct Args {
   std::string data = accelerate::data::fashion_mnist_default_dir.string();
   bool progress = true;
   std::size_t max_train_samples = 0;  // train on the first N samples only (0: all), for quick runs
+  std::size_t workers = 0;  // dataloader threads reading batches ahead (the results do not change)
   std::string project_dir;  // checkpoint every epoch here; the final model in <dir>/model
   bool resume = false;      // continue from the latest checkpoint in project_dir
   std::vector<std::string> log_with;  // trackers: jsonl, csv, tensorboard, all
@@ -57,7 +58,7 @@ struct Progress {
             << "                     [--clip-norm X] [--project-dir DIR [--resume]] [--max-train-samples N]\n"
             << "                     [--log-with jsonl,csv,tensorboard|all] [--no-progress] [--env]\n"
             << "                     [--estimate-memory]   (bytes per rank for the model, then exit)\n"
-            << "                     [--allow-nonfinite-loss]\n"
+            << "                     [--allow-nonfinite-loss] [--workers N]\n"
             << "                     [--compression none|fp16|bf16|power_sgd [--power-sgd-rank R]\n"
             << "                      [--power-sgd-start STEPS]]\n"
             << "                     [--config default_config.yaml]   (precedence: flags, then ACCELERATE_*\n"
@@ -119,6 +120,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--seed") a.seed = parse_count<std::uint64_t>(flag, value());
     else if (flag == "--data") a.data = value();
     else if (flag == "--no-progress") a.progress = false;
+    else if (flag == "--workers") a.workers = parse_count<std::size_t>(flag, value());
     else if (flag == "--max-train-samples") a.max_train_samples = parse_count<std::size_t>(flag, value());
     else if (flag == "--project-dir") a.project_dir = value();
     else if (flag == "--resume") a.resume = true;
@@ -220,8 +222,9 @@ int train(const Args& args) {
   Classifier net;
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(args.lr));
   auto [model, optimizer, train_loader, test_loader] = acc.prepare(
-      net, adam, accelerate::DataLoader(train_set, {.batch_size = args.batch_size, .shuffle = true}),
-      accelerate::DataLoader(test_set, {.batch_size = 256}));
+      net, adam,
+      accelerate::DataLoader(train_set, {.batch_size = args.batch_size, .shuffle = true, .num_workers = args.workers}),
+      accelerate::DataLoader(test_set, {.batch_size = 256, .num_workers = args.workers}));
   Progress progress;
   acc.register_for_checkpointing(progress);
   if (args.resume) acc.print("resuming from", acc.load_state().string());
