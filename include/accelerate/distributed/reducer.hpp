@@ -52,9 +52,10 @@ enum class Sharding {
 };
 
 /// Bucket sizes, unused-parameter handling, bucket views, arrival order and compression (from
-/// AcceleratorOptions::ddp, where each is documented), and the sharding. Views, arrival order
-/// and compression apply to Sharding::none: a sharded optimizer's slices are cut from the
-/// bucket layout once, at prepare.
+/// AcceleratorOptions::ddp, where each is documented), and the sharding. Arrival order and
+/// compression apply to Sharding::none (a sharded optimizer's slices are cut from the bucket
+/// layout once, at prepare); views to Sharding::none and optimizer_state, whose buckets
+/// persist (stage 2's live only while their reduce-scatter runs).
 struct ReducerOptions {
   std::size_t bucket_cap_bytes = std::size_t{4} << 20;
   std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
@@ -136,7 +137,11 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
                      "gradient compression (AcceleratorOptions::ddp.compression = ", to_string(options_.compression),
                      ") works with replicated data parallel only, not with a sharded backend");
     if (sharded()) {
-      options_.gradient_as_bucket_view = false;  // the shards' gradients live in their own buffers
+      // Stage 1's .grad become views of the (persistent) buckets while a synchronised backward
+      // runs, so each fresh gradient is freed as soon as it is in its bucket: one copy of the
+      // gradients instead of two at the peak. Stage 2's buckets are freed after each
+      // reduce-scatter, so its gradients cannot live in them.
+      if (scatters()) options_.gradient_as_bucket_view = false;
       options_.bucket_order_from_arrival = false;  // the optimizer's slices are cut from this layout
     }
     for (auto& [name, p] : named_params) {
