@@ -71,9 +71,7 @@ inline int state_tensors_per_parameter(const torch::optim::OptimizerOptions& opt
 }
 
 namespace detail {
-inline std::int64_t tensor_bytes(const at::Tensor& t) {
-  return static_cast<std::int64_t>(t.numel()) * static_cast<std::int64_t>(t.element_size());
-}
+inline std::int64_t tensor_bytes(const at::Tensor& t) { return static_cast<std::int64_t>(t.nbytes()); }
 }  // namespace detail
 
 /// What one rank holds for `model` trained by `optimizer` (both prepared by `acc`, or the

@@ -133,8 +133,9 @@ struct Context {
     return core.options.data.split_batches ? 1 : engine.world_size();
   }
 
-  /// `value` averaged over the processes, in double, so every rank gets the same number (exactly
-  /// `value` when every rank passes it).
+  /// `value` averaged over the processes, in double, so every rank gets the same number (when
+  /// every rank passes the same value, that value to within a rounding of the sum: 3 x 0.1 / 3
+  /// is 0.1 + 2e-17).
   double mean_over_processes(double value) {
     if constexpr (!Engine::distributed) {
       return value;
