@@ -23,19 +23,13 @@
 #include <string>
 #include <vector>
 
+#include "mnist_mlp.hpp"
+
 namespace {
 
 constexpr std::size_t kBatch = 64;
 
-struct MlpImpl : torch::nn::Module {
-  MlpImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(784, 256))),
-        fc2(register_module("fc2", torch::nn::Linear(256, 128))),
-        fc3(register_module("fc3", torch::nn::Linear(128, 10))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
-  torch::nn::Linear fc1, fc2, fc3;
-};
-TORCH_MODULE(Mlp);
+using accelerate::bench::Mlp;
 
 // File layout (little endian): uint64 count, uint32 side, then per image uint8 label, uint32
 // length, bytes.

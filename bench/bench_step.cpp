@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "mnist_mlp.hpp"
+
 namespace {
 
 struct TinyImpl : torch::nn::Module {
@@ -32,15 +34,7 @@ struct TinyImpl : torch::nn::Module {
 };
 TORCH_MODULE(Tiny);
 
-struct MlpImpl : torch::nn::Module {
-  MlpImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(784, 256))),
-        fc2(register_module("fc2", torch::nn::Linear(256, 128))),
-        fc3(register_module("fc3", torch::nn::Linear(128, 10))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
-  torch::nn::Linear fc1, fc2, fc3;
-};
-TORCH_MODULE(Mlp);
+using accelerate::bench::Mlp;
 
 // The device the benchmarks run on: the CPU, or CUDA with ACCELERATE_BENCH_DEVICE=cuda.
 torch::Device bench_device() {
