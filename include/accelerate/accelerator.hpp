@@ -36,7 +36,6 @@
 #include <accelerate/checkpoint/stateful.hpp>
 #include <accelerate/compat/torch.hpp>
 #include <accelerate/data/batch.hpp>
-#include <accelerate/data/batch_layout.hpp>
 #include <accelerate/data/loader.hpp>
 #include <accelerate/data/shard_sampler.hpp>
 #include <accelerate/detail/check.hpp>
@@ -991,22 +990,23 @@ class Accelerator {
 
   /// After join_uneven_inputs: the optimizers', schedulers', grad scaler's and micro-step
   /// counter's state of rank `root` (the last to finish) on every rank, as a checkpoint would
-  /// carry it: the values as JSON, the tensors packed into one broadcast.
+  /// carry it: the values as JSON text and the tensors, in one broadcast_packed per entry.
   void adopt_training_state_from(int root) {
     using Kind = checkpoint::Entry::Kind;
+    using Packed = std::pair<std::string, std::map<std::string, at::Tensor>>;
     auto adopt = [&](const checkpoint::Entry& entry) {
       const bool mine = process_index() == root;
+      Packed sent;
+      if (mine) {
+        StateDict state = entry.save();
+        sent = {state.values.dump(), std::move(state.tensors)};
+      }
+      const auto packed = distributed::broadcast_packed(ctx_.engine, &sent, root);
+      if (mine || !packed) return;
+      auto [values, tensors] = data::unpack_batch<Packed>(packed->first, packed->second);
       StateDict state;
-      if (mine) state = entry.save();
-      state.values = distributed::broadcast_object(ctx_.engine, state.values, root);
-      auto [layout, bytes] = data::pack_batch(state.tensors, ctx_.engine.collective_device());
-      layout = distributed::broadcast_object(ctx_.engine, layout, root);
-      if (!mine)
-        bytes = at::empty({data::packed_bytes(layout)},
-                          at::TensorOptions().dtype(at::kByte).device(ctx_.engine.collective_device()));
-      if (bytes.numel() > 0) ctx_.engine.broadcast(bytes, root);
-      if (mine) return;
-      state.tensors = data::unpack_batch<std::map<std::string, at::Tensor>>(layout, bytes);
+      state.values = nlohmann::json::parse(values);
+      state.tensors = std::move(tensors);
       entry.load(state);
     };
     for (const auto& entry : ctx_.core.checkpoint.objects())

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include <accelerate/data/batch.hpp>
+#include <accelerate/data/batch_layout.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/distributed/engine.hpp>
 #include <accelerate/distributed/layout_check.hpp>
@@ -215,6 +218,47 @@ T broadcast([[maybe_unused]] E& engine, const T& data, [[maybe_unused]] int from
   } else {
     return data::map_tensors(data, [&](const at::Tensor& t) { return accelerate::detail::broadcast_tensor(engine, t, from); });
   }
+}
+
+/// Process `from`'s nested `value` (tensors of any dtype and shape in vectors, maps, tuples,
+/// Examples, with number and string leaves), packed by data::pack_batch, on every process in
+/// two messages: the sizes, then the JSON layout and every tensor's bytes. Returns the layout
+/// and the bytes (on the engine's collective device), from which data::unpack_batch rebuilds
+/// the value or any part of it; nothing, on every process, when the sender passes no value
+/// (`value` is read on the sender only).
+/// Example:
+///   auto packed = accelerate::distributed::broadcast_packed(engine, rank == 0 ? &batch : nullptr, 0);
+///   if (packed) batch = accelerate::data::unpack_batch<Batch>(packed->first, packed->second);
+template <BackendEngine E, class T>
+std::optional<std::pair<nlohmann::json, at::Tensor>> broadcast_packed(E& engine, const T* value, int from = 0) {
+  const c10::Device device = engine.collective_device();
+  const bool sender = engine.rank() == from;
+  std::string text;
+  at::Tensor bytes;
+  at::Tensor sizes = at::zeros({3}, at::kLong);  // a value follows, the layout's length, the bytes
+  if (sender && value != nullptr) {
+    auto [layout, packed] = data::pack_batch(*value, device);
+    text = layout.dump();
+    bytes = std::move(packed);
+    sizes = at::tensor({std::int64_t{1}, static_cast<std::int64_t>(text.size()), bytes.numel()}, at::kLong);
+  }
+  if constexpr (E::distributed) {
+    sizes = sizes.to(device);
+    engine.broadcast(sizes, from);
+    sizes = sizes.cpu();
+  }
+  if (sizes[0].item<std::int64_t>() == 0) return std::nullopt;
+  const std::int64_t text_size = sizes[1].item<std::int64_t>(), byte_size = sizes[2].item<std::int64_t>();
+  at::Tensor message;
+  if (sender) {
+    message = at::cat({at::from_blob(text.data(), {text_size}, at::kByte).to(device), bytes});
+  } else {
+    message = at::empty({text_size + byte_size}, at::TensorOptions().dtype(at::kByte).device(device));
+  }
+  if constexpr (E::distributed) engine.broadcast(message, from);
+  const at::Tensor layout_bytes = message.narrow(0, 0, text_size).cpu().contiguous();
+  const auto* begin = reinterpret_cast<const char*>(layout_bytes.data_ptr<std::uint8_t>());
+  return std::pair{nlohmann::json::parse(begin, begin + text_size), message.narrow(0, text_size, byte_size)};
 }
 
 /// Pads each tensor along `dim` with `pad_value` to the largest size across processes

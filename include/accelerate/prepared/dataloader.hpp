@@ -23,6 +23,7 @@
 #include <accelerate/data/prefetcher.hpp>
 #include <accelerate/data/shard_sampler.hpp>
 #include <accelerate/detail/check.hpp>
+#include <accelerate/distributed/collectives.hpp>
 #include <accelerate/gradient_state.hpp>
 #include <accelerate/prepared/preparable.hpp>
 
@@ -141,7 +142,6 @@ class DatasetSource {
     sampler_.set_epoch_start(start);
   }
   Dataset& dataset() const noexcept { return *dataset_; }
-  const Workers& workers() const noexcept { return workers_; }
 
  private:
   std::shared_ptr<Dataset> dataset_;
@@ -228,7 +228,6 @@ class RangeSource {
   /// Elements of the range consumed for each batch this rank yields.
   std::size_t elements_per_batch() const noexcept { return sharing_.split ? 1 : sharing_.world_size; }
   bool split() const noexcept { return sharing_.split; }
-  bool dispatch() const noexcept { return sharing_.dispatch; }
 
  private:
   bool reader() const noexcept { return !sharing_.dispatch || sharing_.rank == 0; }
@@ -255,42 +254,18 @@ class RangeSource {
   }
 
   void receive_round() {
-    const c10::Device device = engine_->collective_device();
-    std::string layout_text;
-    at::Tensor bytes;
-    // Whether a round follows, the layout's length, the tensors' bytes.
-    at::Tensor header = at::zeros({3}, at::kLong);
-    if (sharing_.rank == 0) {
-      if (auto round = read_round()) {
-        auto [layout, packed] = data::pack_batch(*round, device);
-        layout_text = layout.dump();
-        bytes = packed;
-        header = at::tensor({std::int64_t{1}, static_cast<std::int64_t>(layout_text.size()), bytes.numel()}, at::kLong);
-      }
-    }
-    header = header.to(device);
-    engine_->broadcast(header, 0);
-    const at::Tensor sizes = header.cpu();
-    if (sizes[0].item<std::int64_t>() == 0) return;  // the range is exhausted
-    const std::int64_t text_size = sizes[1].item<std::int64_t>(), byte_size = sizes[2].item<std::int64_t>();
-    at::Tensor message;
-    if (sharing_.rank == 0) {
-      const at::Tensor text = at::from_blob(layout_text.data(), {text_size}, at::kByte).to(device);
-      message = at::cat({text, bytes});
-    } else {
-      message = at::empty({text_size + byte_size}, at::TensorOptions().dtype(at::kByte).device(device));
-    }
-    engine_->broadcast(message, 0);
-    const at::Tensor text = message.narrow(0, 0, text_size).cpu().contiguous();
-    const auto* begin = reinterpret_cast<const char*>(text.data_ptr<std::uint8_t>());
-    const nlohmann::json layout = nlohmann::json::parse(begin, begin + text_size);
+    std::optional<std::vector<batch_type>> round;
+    if (sharing_.rank == 0) round = read_round();
+    const auto packed = distributed::broadcast_packed(*engine_, round ? &*round : nullptr, 0);
+    if (!packed) return;  // the range is exhausted
+    const auto& [layout, bytes] = *packed;
     ACCELERATE_CHECK(layout.is_array() && layout.size() == elements_per_batch(), "dispatch_batches: rank 0 sent ",
                      layout.size(), " batches in a round, expected ", elements_per_batch());
     // Only this rank's element is rebuilt: the bytes of those before it are skipped.
-    std::int64_t offset = text_size;
+    std::int64_t offset = 0;
     for (std::size_t e = 0; e < mine(); ++e) offset += data::packed_bytes(layout[e]);
     const std::int64_t length = data::packed_bytes(layout[mine()]);
-    lookahead_.emplace(data::unpack_batch<batch_type>(layout[mine()], message.narrow(0, offset, length)));
+    lookahead_.emplace(data::unpack_batch<batch_type>(layout[mine()], bytes.narrow(0, offset, length)));
   }
 
   std::shared_ptr<Range> range_;
