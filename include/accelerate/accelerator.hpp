@@ -893,7 +893,8 @@ class Accelerator {
     const std::string name = "model_" + std::to_string(count(detail::CheckpointEntry::Kind::model));
     auto sync = ctx_.engine.make_model_sync(*holder, name, ctx_.core.options);
     std::shared_ptr<torch::nn::Module> shared = detail::module_pointer(holder);
-    ctx_.core.checkpoint.add_model(std::move(shared));
+    ctx_.core.checkpoint.add(  // a sharded engine makes each rank write its own slices
+        distributed::model_entry(ctx_.engine, *shared, checkpoint::Registry::model_entry(shared)));
     if constexpr (requires { sync.checkpoint_entry(name); })
       if (auto entry = sync.checkpoint_entry(name)) ctx_.core.checkpoint.add(std::move(*entry));
     return PreparedModel<Holder, Accelerator>(std::move(holder), &ctx_, std::move(sync));

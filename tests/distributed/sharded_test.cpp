@@ -1,8 +1,9 @@
-// Sharded data parallel (Zero<Gloo, 1|2>) with real processes: the same parameters as data
+// Sharded data parallel (Zero<Gloo, 1|2|3>) with real processes: the same parameters as data
 // parallel after 20 steps (SGD with momentum and AdamW, with and without accumulation and
 // clipping, 2 and 3 ranks, a parameter count no world size divides, several buckets), the
-// optimizer state really split, gradients left only on their owners (stage 2), an exact resume
-// from a checkpoint written by a job that then exited, and clear errors.
+// optimizer state really split, gradients left only on their owners (stage 2), parameters
+// released between uses and gathered unit by unit (stage 3), an exact resume from a
+// checkpoint written by a job that then exited, and clear errors.
 #include <accelerate/accelerate.hpp>
 #include <accelerate/distributed/sharded.hpp>
 
@@ -71,6 +72,17 @@ std::pair<torch::Tensor, torch::Tensor> batch(int micro, int rank, int world) {
   return {data.inputs().narrow(0, start, kPerRankBatch), data.targets().narrow(0, start, kPerRankBatch)};
 }
 
+// The model's parameters as one flat tensor, in state_dict order, from get_state_dict (stage 3
+// keeps none whole between steps; every rank calls it).
+template <class Acc, class Model>
+torch::Tensor whole_parameters(Acc& acc, Model& model) {
+  const auto state = acc.get_state_dict(model);
+  std::vector<torch::Tensor> flat;
+  for (const auto& [name, tensor] : accelerate::checkpoint::named_tensors(*model))
+    flat.push_back(state.at(name).reshape(-1));
+  return torch::cat(flat);
+}
+
 // A worker's exit code: 0, or 3 after printing the problems it found (the test shows the log).
 int exit_code(const std::string& problems) {
   if (problems.empty()) return 0;
@@ -102,8 +114,10 @@ std::string train(const Config& config, const std::string& tag) {
       if (!acc.sync_gradients()) continue;
       if constexpr (!std::is_same_v<Backend, accelerate::Gloo>) {
         // The model's parameters hold no gradient; the optimizer's slices do.
-        for (const auto& p : net->parameters())
+        for (const auto& p : net->parameters()) {
           if (p.grad().defined()) problems += "a model parameter kept its gradient; ";
+          if (Backend::stage == 3 && p.numel() != 0) problems += "a parameter stayed gathered after backward; ";
+        }
         std::int64_t with_grad = 0;
         for (const auto& group : opt.param_groups())
           for (const auto& slice : group.params()) with_grad += slice.grad().defined() ? slice.numel() : 0;
@@ -125,11 +139,11 @@ std::string train(const Config& config, const std::string& tag) {
     if (state_elements >= 53) problems += "rank " + std::to_string(acc.process_index()) + " holds all the state; ";
     const auto stats = acc.stats();
     if (stats.allgather.calls == 0) problems += "no parameter all-gather; ";
-    if (Backend::stage == 2 && stats.reduce_scatter.calls == 0) problems += "no gradient reduce-scatter; ";
+    if (Backend::stage >= 2 && stats.reduce_scatter.calls == 0) problems += "no gradient reduce-scatter; ";
     if (Backend::stage == 1 && stats.gradient_allreduce.calls == 0) problems += "no gradient all-reduce; ";
   }
   save_tensor(job_dir() / (tag + "_" + config.name() + "_rank" + std::to_string(acc.process_index()) + ".bin"),
-              flat_parameters(*net));
+              whole_parameters(acc, model));
   return problems;
 }
 
@@ -148,13 +162,14 @@ std::string train_all(const std::string& tag) {
 
 ACCELERATE_WORKER(zero_against_ddp) {
   const std::string problems = train_all<accelerate::Gloo>("ddp") + train_all<accelerate::Zero<accelerate::Gloo, 1>>("zero1") +
-                               train_all<accelerate::Zero<accelerate::Gloo, 2>>("zero2");
+                               train_all<accelerate::Zero<accelerate::Gloo, 2>>("zero2") +
+                               train_all<accelerate::Zero<accelerate::Gloo, 3>>("zero3");
   return exit_code(problems);
 }
 
 class Sharded : public ::testing::TestWithParam<int> {};
 
-TEST_P(Sharded, StagesOneAndTwoGiveDataParallelsParameters) {
+TEST_P(Sharded, EveryStageGivesDataParallelsParameters) {
   const int world = GetParam();
   auto job = run_job("zero_against_ddp", {.world_size = world});
   ASSERT_EQ(job.exit_code, 0) << job.logs();
@@ -164,7 +179,7 @@ TEST_P(Sharded, StagesOneAndTwoGiveDataParallelsParameters) {
       for (const double max_norm : {1e9, 0.05}) {
         const Config config{adamw, accumulation, max_norm, !adamw};
         const auto ddp = load_tensor(job.dir / ("ddp_" + config.name() + "_rank0.bin"));
-        for (const char* stage : {"zero1", "zero2"})
+        for (const char* stage : {"zero1", "zero2", "zero3"})
           for (int r = 0; r < world; ++r) {
             const auto sharded = load_tensor(job.dir / (std::string(stage) + "_" + config.name() + "_rank" +
                                                         std::to_string(r) + ".bin"));
@@ -172,7 +187,7 @@ TEST_P(Sharded, StagesOneAndTwoGiveDataParallelsParameters) {
             ++compared;
           }
       }
-  EXPECT_EQ(compared, 8 * 2 * world);
+  EXPECT_EQ(compared, 8 * 3 * world);
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, Sharded, ::testing::Values(2, 3));
 
@@ -188,6 +203,7 @@ void resume_phase(const std::string& phase) {
   const std::filesystem::path checkpoint = std::getenv("SHARD_TEST_SHARED");
   int first = 0, last = kSteps;
   if (phase == "first") last = kSteps / 2;
+  if (phase == "grow") last = 0;
   if (phase == "second") {
     acc.load_state(checkpoint);
     first = kSteps / 2;
@@ -201,14 +217,22 @@ void resume_phase(const std::string& phase) {
       opt.zero_grad();
     }
   if (phase == "first") acc.save_state(checkpoint);
-  else save_tensor(job_dir() / ("params_rank" + std::to_string(acc.process_index()) + ".bin"), flat_parameters(*net));
+  const auto params = whole_parameters(acc, model);
+  if (phase == "first" && acc.is_main_process()) save_tensor(checkpoint.parent_path() / "first_params.bin", params);
+  if (phase == "grow") {  // a 2-rank checkpoint resumed by 3 ranks: the same model
+    acc.load_state(checkpoint, {.allow_world_size_change = true});
+    const auto grown = whole_parameters(acc, model);
+    if (acc.is_main_process()) save_tensor(job_dir() / "grown_params.bin", grown);
+  }
+  if (phase != "first") save_tensor(job_dir() / ("params_rank" + std::to_string(acc.process_index()) + ".bin"), params);
 }
 
 ACCELERATE_WORKER(zero_resume) {
   const std::string args = std::getenv("ACCELERATE_TEST_ARGS");
   const std::string phase = args.substr(0, args.find('\n'));  // run_job passes one argument per line
   if (args.find("stage1") != std::string::npos) resume_phase<accelerate::Zero<accelerate::Gloo, 1>>(phase);
-  else resume_phase<accelerate::Zero<accelerate::Gloo, 2>>(phase);
+  else if (args.find("stage2") != std::string::npos) resume_phase<accelerate::Zero<accelerate::Gloo, 2>>(phase);
+  else resume_phase<accelerate::Zero<accelerate::Gloo, 3>>(phase);
   return 0;
 }
 
@@ -241,6 +265,22 @@ TEST_P(ShardedCheckpoint, ResumesInANewJobExactly) {
   }
   EXPECT_EQ(held, 53) << "the two shards together hold every parameter once";
   EXPECT_FALSE(std::filesystem::exists(checkpoint / "optimizer.safetensors"));
+  if (stage == "stage3") {  // each rank wrote its own parameter slices too
+    std::int64_t params_held = 0;
+    std::string models;
+    for (int r = 0; r < 2; ++r) {
+      const auto stem = checkpoint / ("model_rank" + std::to_string(r));
+      std::ifstream json(stem.string() + ".json");
+      ASSERT_TRUE(json.good()) << stem << " in " << listing;
+      const auto values = nlohmann::json::parse(json);
+      ASSERT_TRUE(values.contains("shards")) << values.dump();
+      for (const auto& piece : values["shards"]["pieces"]) params_held += piece["numel"].get<std::int64_t>();
+      ASSERT_TRUE(std::filesystem::exists(stem.string() + ".safetensors")) << stem;
+      models += values.dump() + " ";
+    }
+    EXPECT_EQ(params_held, 53) << models;
+    EXPECT_FALSE(std::filesystem::exists(checkpoint / "model.safetensors"));
+  }
 
   auto second = run_job("zero_resume", {.world_size = 2, .env = env, .args = {"second", stage}});
   ASSERT_EQ(second.exit_code, 0) << second.logs();
@@ -248,8 +288,144 @@ TEST_P(ShardedCheckpoint, ResumesInANewJobExactly) {
     const auto name = "params_rank" + std::to_string(r) + ".bin";
     EXPECT_TRUE(torch::equal(load_tensor(second.dir / name), load_tensor(whole.dir / name))) << "rank " << r;
   }
+  // Three ranks resume the two ranks' checkpoint: parameter and optimizer slices re-cut.
+  auto grown = run_job("zero_resume", {.world_size = 3, .env = env, .args = {"grow", stage}});
+  ASSERT_EQ(grown.exit_code, 0) << grown.logs();
+  EXPECT_TRUE(torch::equal(load_tensor(grown.dir / "grown_params.bin"), load_tensor(shared / "first_params.bin")));
 }
-INSTANTIATE_TEST_SUITE_P(Stages, ShardedCheckpoint, ::testing::Values("stage1", "stage2"));
+INSTANTIATE_TEST_SUITE_P(Stages, ShardedCheckpoint, ::testing::Values("stage1", "stage2", "stage3"));
+
+// --- stage 3 unit by unit: a Sequential's children gathered around their forward and backward --
+
+// Sits between two Linears of a Sequential and records, each time it runs, how many elements
+// the first Linear's weight (unit 0) and the one just before it (unit 2) hold.
+struct UnitProbeImpl : torch::nn::Module {
+  UnitProbeImpl(torch::nn::Linear first, torch::nn::Linear previous) : first(first), previous(previous) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    seen_first = std::max(seen_first, first->weight.numel());
+    seen_previous = std::max(seen_previous, previous->weight.numel());
+    ++calls;
+    return x;
+  }
+  torch::nn::Linear first, previous;
+  std::int64_t seen_first = 0, seen_previous = 0, calls = 0;
+};
+TORCH_MODULE(UnitProbe);
+
+template <class Backend>
+std::string train_sequential(torch::Tensor& result, const std::string& tag) {
+  ShardTestAccelerator<Backend> acc{options_for({true, 2, 0.05, false})};
+  torch::manual_seed(5);
+  torch::nn::Linear first(kIn, kHidden), middle(kHidden, 4), last(4, kOut);  // 35, 24 and 15 parameters
+  UnitProbe probe(first, middle);
+  torch::nn::Sequential net(first, torch::nn::ReLU(), middle, probe, last);
+  torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+  auto [model, opt] = acc.prepare(net, optimizer);
+  std::string problems;
+  const int micro_steps = 2 * 6;
+  for (int micro = 0; micro < micro_steps; ++micro) {
+    auto scope = acc.accumulate(model);
+    auto [x, y] = batch(micro, acc.process_index(), acc.num_processes());
+    acc.backward(torch::mse_loss(model(x), y));
+    opt.step();
+    opt.zero_grad();
+  }
+  if constexpr (!std::is_same_v<Backend, accelerate::Gloo>) {
+    // While the probe ran, units 0 and 2 were released (unit 4's all-gather was in flight).
+    if (probe->calls != micro_steps || probe->seen_first != 0 || probe->seen_previous != 0)
+      problems += "the probe saw " + std::to_string(probe->seen_first) + " and " + std::to_string(probe->seen_previous) +
+                  " elements in " + std::to_string(probe->calls) + " calls; ";
+    // Forward gathers the 3 units with parameters; backward regathers units 2 and 0 (the last
+    // stays gathered for it): 5 all-gathers per micro-step, nothing after the step.
+    const auto stats = acc.stats();
+    if (stats.allgather.calls != 5 * micro_steps)
+      problems += std::to_string(stats.allgather.calls) + " all-gathers, expected " + std::to_string(5 * micro_steps) + "; ";
+    // Evaluation: gathered and released unit by unit, no backward to come.
+    {
+      torch::NoGradGuard no_grad;
+      (void)model(batch(0, acc.process_index(), acc.num_processes()).first);
+    }
+    for (const auto& p : net->parameters())
+      if (p.numel() != 0) problems += "a parameter stayed gathered after an evaluation; ";
+    // The model state one rank holds: its slices of each unit's (padded) parameters.
+    const auto estimate = accelerate::estimate_memory(acc, model, opt);
+    const std::int64_t world = acc.num_processes();
+    const std::int64_t slices = ((35 + world - 1) / world + (24 + world - 1) / world + (15 + world - 1) / world) * 4;
+    if (estimate.parameters != slices || estimate.gradients != slices)
+      problems += "estimate_memory: parameters " + std::to_string(estimate.parameters) + ", gradients " +
+                  std::to_string(estimate.gradients) + ", expected " + std::to_string(slices) + " each; ";
+  } else {
+    if (probe->seen_first != 30 || probe->seen_previous != 20) problems += "the probe cannot see whole parameters; ";
+  }
+  result = whole_parameters(acc, model);
+  // save_model writes the whole model, as get_state_dict has it.
+  const auto out = job_dir() / tag;
+  acc.save_model(model, out);
+  if (acc.is_main_process()) {
+    const auto saved = accelerate::checkpoint::SafetensorsFile::open(out / "model.safetensors");
+    std::vector<torch::Tensor> flat;
+    for (const auto& [name, tensor] : accelerate::checkpoint::named_tensors(*net)) flat.push_back(saved.tensor(name).reshape(-1));
+    if (!torch::equal(torch::cat(flat), result)) problems += tag + ": save_model did not write the whole model; ";
+  }
+  return problems;
+}
+
+ACCELERATE_WORKER(zero3_sequential) {
+  torch::Tensor ddp, zero3;
+  std::string problems = train_sequential<accelerate::Gloo>(ddp, "ddp") +
+                         train_sequential<accelerate::Zero<accelerate::Gloo, 3>>(zero3, "zero3");
+  const double difference = (ddp - zero3).abs().max().item<double>();
+  if (!(difference <= 1e-6)) problems += "stage 3 differs from data parallel by " + std::to_string(difference) + "; ";
+  return exit_code(problems);
+}
+
+class ShardedUnits : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShardedUnits, ASequentialsChildrenAreGatheredOneByOneAndTrainAsDataParallel) {
+  auto job = run_job("zero3_sequential", {.world_size = GetParam()});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, ShardedUnits, ::testing::Values(2, 3));
+
+// Stage 3 with the other policies: bf16 autocast, ClipValue, and Adagrad, whose state is made
+// in its constructor and sliced at prepare (from the shapes the reducer keeps: the parameters
+// are already released then). The same run as data parallel, up to reduction order.
+template <class Backend>
+torch::Tensor train_with_policies(std::string& problems) {
+  accelerate::Accelerator<Backend, accelerate::Bf16, accelerate::NoAccumulation, accelerate::ClipValue> acc{
+      {.clip = {.clip_value = 0.01}, .process_group = {.timeout = 60s}}};
+  torch::manual_seed(5);
+  torch::nn::Sequential net(torch::nn::Linear(kIn, kHidden), torch::nn::Tanh(), torch::nn::Linear(kHidden, kOut));
+  torch::optim::Adagrad adagrad(net->parameters(), torch::optim::AdagradOptions(0.1).initial_accumulator_value(0.5));
+  auto [model, opt] = acc.prepare(net, adagrad);
+  for (int step = 0; step < 4; ++step) {
+    auto [x, y] = batch(step, acc.process_index(), acc.num_processes());
+    acc.backward(torch::mse_loss(model(x), y));
+    opt.step();
+    for (const auto& group : opt.param_groups())
+      for (const auto& p : group.params()) {
+        if (p.grad().defined() && p.grad().abs().max().template item<double>() > 0.01 + 1e-9) problems += "a gradient escaped ClipValue; ";
+        const auto& state = static_cast<torch::optim::AdagradParamState&>(*adagrad.state().at(p.unsafeGetTensorImpl()));
+        if (state.sum().sizes() != p.sizes()) problems += "an Adagrad accumulator of the wrong size; ";
+      }
+    opt.zero_grad();
+  }
+  return whole_parameters(acc, model);
+}
+
+ACCELERATE_WORKER(zero3_policies) {
+  std::string problems;
+  const auto ddp = train_with_policies<accelerate::Gloo>(problems);
+  const auto zero3 = train_with_policies<accelerate::Zero<accelerate::Gloo, 3>>(problems);
+  const double difference = (ddp - zero3).abs().max().template item<double>();
+  if (!(difference <= 1e-5)) problems += "stage 3 with bf16 differs from data parallel by " + std::to_string(difference) + "; ";
+  return exit_code(problems);
+}
+
+TEST(ShardedPolicies, Bf16ClipValueAndAdagradWorkAtStage3) {
+  auto job = run_job("zero3_policies", {.world_size = 2});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+}
 
 // --- fp16: an inf in one rank's slice makes every rank skip the step ---------------------------
 
@@ -391,5 +567,6 @@ static_assert(accelerate::distributed::BackendEngine<accelerate::distributed::Sh
 static_assert(accelerate::distributed::customises_step_optimizer<
               accelerate::distributed::ShardedEngine<accelerate::distributed::GlooFactory, 2>>);
 static_assert(accelerate::Zero<accelerate::Gloo, 2>::name == "Zero<Gloo,2>");
+static_assert(accelerate::distributed::BackendEngine<accelerate::distributed::ShardedEngine<accelerate::distributed::GlooFactory, 3>>);
 
 }  // namespace

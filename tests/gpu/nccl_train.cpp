@@ -3,7 +3,7 @@
 //   nccl_train --version          prints NCCL's version (links libnccl; no GPU needed)
 //   nccl_train --nproc N          trains on N GPUs with bf16 and accumulation; exits 77 (CTest's
 //                                 skip code) when fewer than N CUDA devices are visible
-//   nccl_train --nproc N --zero S the same on Zero<Nccl, S> (sharded, stage 1 or 2)
+//   nccl_train --nproc N --zero S the same on Zero<Nccl, S> (sharded, stage 1, 2 or 3)
 #include <accelerate/accelerate.hpp>
 #include <accelerate/distributed/nccl.hpp>
 
@@ -28,9 +28,10 @@ int train() {
     opt.step();
     opt.zero_grad();
   }
-  // Parameters must be identical on every rank after synchronised steps.
-  auto flat = torch::cat({net[0]->as<torch::nn::Linear>()->weight.reshape(-1),
-                          net[2]->as<torch::nn::Linear>()->weight.reshape(-1)});
+  // Parameters must be identical on every rank after synchronised steps (get_state_dict:
+  // stage 3 keeps none whole between steps).
+  const auto state = acc.get_state_dict(model);
+  auto flat = torch::cat({state.at("0.weight").reshape(-1), state.at("2.weight").reshape(-1)});
   const auto all = acc.gather(flat.unsqueeze(0));
   const bool same = torch::equal(all[0], all[all.size(0) - 1]);
   acc.print("nccl_train: world", acc.num_processes(), "device", acc.device(), "rounds",
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     const std::string zero = argc > 2 && std::strcmp(argv[1], "--zero") == 0 ? argv[2] : "";
     if (zero == "1") return train<accelerate::Zero<accelerate::Nccl, 1>>();
     if (zero == "2") return train<accelerate::Zero<accelerate::Nccl, 2>>();
+    if (zero == "3") return train<accelerate::Zero<accelerate::Nccl, 3>>();
     return train<accelerate::Nccl>();
   });
 }

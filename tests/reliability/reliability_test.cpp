@@ -630,7 +630,7 @@ class TwoHosts : public ::testing::Test {
   }
 };
 
-TEST_F(TwoHosts, TrainLikeTwoLocalProcessesAndFailClearlyWhenTheLinkDrops) {  // data parallel and ZeRO 2
+TEST_F(TwoHosts, TrainLikeTwoLocalProcessesAndFailClearlyWhenTheLinkDrops) {  // data parallel, ZeRO 2 and 3
   TempDir dir;
   const auto local = spawn(trainer({"--nproc", "2", "--steps", "20", "--out", (dir / "local").string()}), {},
                            dir / "local.log");
@@ -642,16 +642,20 @@ TEST_F(TwoHosts, TrainLikeTwoLocalProcessesAndFailClearlyWhenTheLinkDrops) {  //
   EXPECT_TRUE(read_file(dir / "hosts" / "model" / "model.safetensors") ==
               read_file(dir / "local" / "model" / "model.safetensors"));
 
-  // Sharded (ZeRO stage 2) across the two hosts ends where it does on one host, byte for byte.
-  const auto zero_local = spawn(trainer({"--nproc", "2", "--steps", "20", "--zero", "2", "--out", (dir / "zero_local").string()}),
-                                {}, dir / "zero_local.log");
-  ASSERT_EQ(wait_for(zero_local, 120s), 0) << read_file(zero_local.log);
-  auto za = node(0, {"--steps", "20", "--zero", "2", "--out", (dir / "zero_hosts").string()}, dir / "za.log");
-  auto zb = node(1, {"--steps", "20", "--zero", "2", "--out", (dir / "zero_hosts_b").string()}, dir / "zb.log");
-  ASSERT_EQ(wait_for(za, 120s), 0) << read_file(za.log);
-  ASSERT_EQ(wait_for(zb, 120s), 0) << read_file(zb.log);
-  EXPECT_TRUE(read_file(dir / "zero_hosts" / "model" / "model.safetensors") ==
-              read_file(dir / "zero_local" / "model" / "model.safetensors"));
+  // Sharded (ZeRO stages 2 and 3) across the two hosts ends where it does on one host, byte for
+  // byte.
+  for (const std::string stage : {"2", "3"}) {
+    const auto local_dir = dir / ("zero" + stage + "_local"), hosts_dir = dir / ("zero" + stage + "_hosts");
+    const auto zero_local = spawn(trainer({"--nproc", "2", "--steps", "20", "--zero", stage, "--out", local_dir.string()}),
+                                  {}, dir / ("zero" + stage + "_local.log"));
+    ASSERT_EQ(wait_for(zero_local, 120s), 0) << read_file(zero_local.log);
+    auto za = node(0, {"--steps", "20", "--zero", stage, "--out", hosts_dir.string()}, dir / ("za" + stage + ".log"));
+    auto zb = node(1, {"--steps", "20", "--zero", stage, "--out", hosts_dir.string() + "_b"}, dir / ("zb" + stage + ".log"));
+    ASSERT_EQ(wait_for(za, 120s), 0) << read_file(za.log);
+    ASSERT_EQ(wait_for(zb, 120s), 0) << read_file(zb.log);
+    EXPECT_TRUE(read_file(hosts_dir / "model" / "model.safetensors") == read_file(local_dir / "model" / "model.safetensors"))
+        << "stage " << stage;
+  }
 
   // The link goes down mid-training: both sides stop within the timeout, with a clear error.
   auto a2 = node(0, {"--steps", "100000", "--step-ms", "5", "--timeout", "10", "--out", (dir / "down").string()},

@@ -3,7 +3,7 @@
 //
 //   trainer --out DIR [--steps N] [--timeout S] [--step-ms MS]
 //           [--die-rank R --die-step S --die-how kill|abort --die-before backward|step]
-//           [--zero 1|2]   (sharded data parallel, Zero<Gloo, N>, instead of Gloo)
+//           [--zero 1|2|3] (sharded data parallel, Zero<Gloo, N>, instead of Gloo)
 //           [--project DIR --checkpoint-every K] [--preemptible]
 //           [--samples N]   (dataset size; default 128 per process)
 //           [--log-samples] (DIR/seen_rank<r>_attempt<k>.txt: "epoch step index" per sample)
@@ -162,6 +162,7 @@ int main(int argc, char** argv) {
       std::filesystem::create_directories(a.out);
       if (a.zero == 1) return train<accelerate::Zero<accelerate::Gloo, 1>>(a);
       if (a.zero == 2) return train<accelerate::Zero<accelerate::Gloo, 2>>(a);
+      if (a.zero == 3) return train<accelerate::Zero<accelerate::Gloo, 3>>(a);
       return train<accelerate::Gloo>(a);
     } catch (const std::exception& e) {
       std::cerr << "trainer: " << e.what() << std::endl;

@@ -82,16 +82,16 @@ class Registry {
     (is_step_state(entry.kind) ? step_states_ : objects_).push_back(std::move(entry));
   }
 
-  /// Adds a model: its parameters and buffers by name, all checked before any is loaded.
-  void add_model(std::shared_ptr<torch::nn::Module> module) {
-    add({Entry::Kind::model, EntryOwner::main_rank,
-         [module] {
-           StateDict s;
-           for (auto& [key, value] : named_tensors(*module)) s.tensors[key] = value;
-           return s;
-         },
-         [module](const StateDict& s) { load_named_tensors(*module, s.tensors, "the saved state"); },
-         [module](const StateDict& s) { check_named_tensors(*module, s.tensors, "the saved state"); }});
+  /// A model's entry: its parameters and buffers by name, all checked before any is loaded.
+  static Entry model_entry(std::shared_ptr<torch::nn::Module> module) {
+    return {Entry::Kind::model, EntryOwner::main_rank,
+            [module] {
+              StateDict s;
+              for (auto& [key, value] : named_tensors(*module)) s.tensors[key] = value;
+              return s;
+            },
+            [module](const StateDict& s) { load_named_tensors(*module, s.tensors, "the saved state"); },
+            [module](const StateDict& s) { check_named_tensors(*module, s.tensors, "the saved state"); }};
   }
 
   /// Adds a user object by reference: anything Stateful, or a type with a checkpoint_adapter

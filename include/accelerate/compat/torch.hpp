@@ -212,4 +212,22 @@ inline void empty_device_cache() {
   at::getDeviceAllocator(*type)->emptyCache();
 }
 
+/// Frees a storage's memory in place: every tensor viewing it keeps its shape but has no data
+/// until allocate_storage (ZeRO stage 3's released parameters; FSDP resizes storages the same
+/// way). StorageImpl's data-pointer setters are public in 2.x but not a documented API.
+inline void free_storage(const c10::Storage& storage) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, impl->device()));
+  impl->set_nbytes(std::size_t{0});
+}
+
+/// Gives a storage freed by free_storage `nbytes` of fresh memory from its own allocator, in
+/// place, so the tensors (and autograd's saved views) that share it see the new memory.
+inline void allocate_storage(const c10::Storage& storage, std::size_t nbytes) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  if (impl->nbytes() == nbytes && impl->data() != nullptr) return;
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
+  impl->set_nbytes(nbytes);
+}
+
 }  // namespace accelerate::compat

@@ -131,9 +131,15 @@ class Communicator {
   /// Every rank's `input` (the same length everywhere) into `output`, in rank order, as one
   /// flat all-gather (sharded parameters made whole). `what` names it in errors.
   void all_gather_into(at::Tensor& output, at::Tensor& input, const char* what) {
+    wait(all_gather_into_async(output, input), what);
+  }
+  /// Starts all_gather_into and returns its work handle (stage 3 prefetches the next unit's
+  /// parameters while the current one computes); wait() for it.
+  InFlight all_gather_into_async(at::Tensor& output, at::Tensor& input) {
     agree(CollectiveOp::all_gather, &input, 0);
-    wait(start(backend_->_allgather_base(output, input)), what);
+    InFlight work = start(backend_->_allgather_base(output, input));
     count(stats_.allgather, input);
+    return work;
   }
 
   void barrier() {

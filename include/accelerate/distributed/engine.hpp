@@ -99,6 +99,16 @@ checkpoint::Entry optimizer_entry(E& engine, const torch::optim::Optimizer& opti
   else return entry;
 }
 
+/// The checkpoint entry of a prepared model, given the replicated one (`entry`: its
+/// parameters and buffers, written by the main rank). Default: that entry. An engine that
+/// shards the parameters makes it each rank's own, with a manifest of the slices it holds.
+template <class E>
+checkpoint::Entry model_entry(E& engine, const torch::nn::Module& module, checkpoint::Entry entry) {
+  if constexpr (requires { engine.model_entry(module, entry); })
+    return engine.model_entry(module, std::move(entry));
+  else return entry;
+}
+
 /// Makes the inf/NaN flag of an fp16 step (`found_inf`, one element) the same on every rank
 /// before the step is taken or skipped. Default: nothing, gradients are replicated so every
 /// rank found the same. A sharded engine, whose ranks each checked their own shard, reduces

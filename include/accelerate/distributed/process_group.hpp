@@ -247,15 +247,19 @@ class ProcessGroupEngine {
   }
 
  protected:
-  /// make_model_sync with the reducer's sharding (sharded engines).
+  /// make_model_sync with the reducer's sharding and, for Sharding::parameters, its units
+  /// (sharded engines).
   ReducerHandle make_model_sync(torch::nn::Module& module, const std::string& name,
-                                const AcceleratorOptions& options, Sharding sharding) {
+                                const AcceleratorOptions& options, Sharding sharding,
+                                std::vector<std::string> units = {}) {
     if (!comm_) return {};
     check_same_model(module, name);
     broadcast_state(module, options.ddp.broadcast_buffers);
     std::vector<std::pair<std::string, at::Tensor>> params;
     for (auto& item : module.named_parameters(true)) params.emplace_back(item.key(), item.value());
-    auto reducer = std::make_shared<GradientReducer>(std::move(params), comm_, ReducerOptions::from(options.ddp, sharding));
+    ReducerOptions reducer_options = ReducerOptions::from(options.ddp, sharding);
+    reducer_options.units = std::move(units);
+    auto reducer = std::make_shared<GradientReducer>(std::move(params), comm_, std::move(reducer_options));
     reducer->install_hooks();
     std::vector<at::Tensor> buffers;
     if (options.ddp.broadcast_buffers)

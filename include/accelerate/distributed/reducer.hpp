@@ -28,6 +28,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <accelerate/compat/torch.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/distributed/communicator.hpp>
 #include <accelerate/distributed/compression.hpp>
@@ -49,6 +50,11 @@ enum class Sharding {
   /// average; each parameter's .grad is released as soon as it is copied into its bucket, and
   /// a bucket's full buffer lives only while its reduce-scatter runs.
   gradients,
+  /// ZeRO stage 3: as `gradients`, and the parameters are sharded too. Each bucket's
+  /// parameters are views of one flat buffer whose storage is freed between uses; rank r keeps
+  /// only its slice (shard_piece_tensors() are views of it). Units (ReducerOptions::units) are
+  /// gathered by gather_unit() before their forward and backward and released after.
+  parameters,
 };
 
 /// Bucket sizes, unused-parameter handling, bucket views, arrival order and compression (from
@@ -65,6 +71,10 @@ struct ReducerOptions {
   bool bucket_order_from_arrival = true;
   GradientCompression compression = GradientCompression::none;
   PowerSgdOptions power_sgd{};
+  /// Sharding::parameters: the units gathered and released together, as name prefixes (a
+  /// parameter "3.weight" belongs to unit "3"); buckets never span two units. Parameters no
+  /// prefix names form one more unit, as does everything when this is empty.
+  std::vector<std::string> units = {};
 
   /// The reducer options of AcceleratorOptions::ddp.
   static ReducerOptions from(const DdpOptions& ddp, Sharding sharding = Sharding::none) {
@@ -127,7 +137,9 @@ struct ShardPiece {
 /// the r-th contiguous slice of every bucket, so a bucket's reduce-scatter hands each rank
 /// exactly its slice. A parameter meets a rank's slice in at most one ShardPiece; the
 /// piece's tensor (shard_piece_tensors()) is a 1-D view of the parameter's own storage, which
-/// an optimizer steps in place before gather_parameters() all-gathers the bucket.
+/// an optimizer steps in place before gather_parameters() all-gathers the bucket. With
+/// Sharding::parameters it is a view of the slice the rank keeps instead, and the parameters
+/// are gathered unit by unit (gather_unit) when forward and backward need them.
 class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
  public:
   GradientReducer(std::vector<std::pair<std::string, at::Tensor>> named_params,
@@ -151,8 +163,12 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
                          "' is not contiguous, so its shard cannot be a view of it");
       names_.push_back(name);
       params_.push_back(p);
+      shape_.emplace_back(p.sizes().begin(), p.sizes().end());
+      numel_.push_back(p.numel());
     }
+    assign_units();
     build_buckets(initial_order());
+    if (shards_parameters()) shard_parameters();
     if (sharded()) build_shard_pieces();
     ready_.assign(params_.size(), false);
     used_.assign(params_.size(), false);
@@ -168,6 +184,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       const auto key = accumulator->add_post_hook(std::make_unique<ReadyHook>(weak, i));
       hooks_.emplace_back(accumulator, key);
     }
+    // Stage 3 frees the parameters only now: an accumulator records its parameter's shape
+    // when made, and gradients are checked against it.
+    if (shards_parameters()) release_units();
   }
 
   ~GradientReducer() {
@@ -332,9 +351,12 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// The parameters it synchronises (those requiring gradients) and their names.
   const std::vector<at::Tensor>& parameters() const noexcept { return params_; }
   const std::vector<std::string>& names() const noexcept { return names_; }
+  /// Parameter `index`'s shape (stage 3 empties a released parameter; this stays).
+  const std::vector<int64_t>& shape_of(std::size_t index) const { return shape_.at(index); }
+  int64_t numel_of(std::size_t index) const { return numel_.at(index); }
 
   /// Sharded: where this rank's slices meet the parameters, and the 1-D views of the
-  /// parameters' storage they are (same order). After a synchronised backward each view's
+  /// parameters' storage (stage 3: of the rank's parameter slice) they are (same order). After a synchronised backward each view's
   /// .grad holds its slice of the averaged gradient (undefined when the parameter received
   /// none on any rank).
   const std::vector<ShardPiece>& shard_pieces() const noexcept { return pieces_; }
@@ -359,6 +381,67 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     }
   }
 
+  // --- Sharding::parameters (ZeRO stage 3) ------------------------------------------------
+  // A unit's parameters are views of its buckets' flat buffers. Released, the buffers' storage
+  // is freed and each parameter is an empty tensor (what a user reading the model between
+  // steps sees); gathered, the storage is allocated again in place, so tensors autograd saved
+  // in forward (views such as a weight's transpose) read the gathered values in backward.
+  // Every rank gathers the same units in the same order (each gather is a collective).
+
+  /// The units, as ReducerOptions::units named them (a unit holding no trainable parameter
+  /// has nothing to gather).
+  std::size_t unit_count() const noexcept { return units_.size(); }
+  bool unit_has_parameters(std::size_t unit) const { return unit < units_.size() && !units_[unit].params.empty(); }
+  bool unit_gathered(std::size_t unit) const {
+    return unit < units_.size() && units_[unit].state == UnitState::gathered;
+  }
+  /// The parameters of `unit` (indices in parameters()).
+  const std::vector<std::size_t>& unit_parameters(std::size_t unit) const { return units_.at(unit).params; }
+
+  /// Starts the all-gather of `unit`'s parameters (nothing when it is gathered or on its way).
+  void prefetch_unit(std::size_t unit) {
+    if (unit >= units_.size() || units_[unit].state != UnitState::released) return;
+    for (const std::size_t b : units_[unit].buckets) {
+      Bucket& bucket = buckets_[b];
+      compat::allocate_storage(bucket.param_full.storage(), static_cast<std::size_t>(bucket.param_full.nbytes()));
+      bucket.gather_work = comm_->all_gather_into_async(bucket.param_full, bucket.param_shard);
+    }
+    units_[unit].state = UnitState::in_flight;
+  }
+
+  /// Makes `unit`'s parameters whole: waits for its prefetch, or gathers it now.
+  void gather_unit(std::size_t unit) {
+    if (unit >= units_.size() || units_[unit].state == UnitState::gathered) return;
+    prefetch_unit(unit);
+    torch::NoGradGuard no_grad;
+    for (const std::size_t b : units_[unit].buckets) {
+      Bucket& bucket = buckets_[b];
+      comm_->wait(bucket.gather_work, "parameter all_gather");
+      bucket.gather_work.reset();
+      for (std::size_t j = 0; j < bucket.params.size(); ++j)
+        params_[bucket.params[j]].set_data(storage_alias(bucket.param_full, bucket.offsets[j], shape_[bucket.params[j]]));
+    }
+    units_[unit].state = UnitState::gathered;
+  }
+
+  /// Frees `unit`'s full parameters (its slice stays); they are empty tensors until gathered.
+  void release_unit(std::size_t unit) {
+    if (unit >= units_.size() || units_[unit].state == UnitState::released) return;
+    for (const std::size_t b : units_[unit].buckets) {
+      Bucket& bucket = buckets_[b];
+      if (bucket.gather_work) {  // an all-gather writing into the buffer finishes first
+        comm_->wait(bucket.gather_work, "parameter all_gather");
+        bucket.gather_work.reset();
+      }
+      for (const std::size_t index : bucket.params) params_[index].set_data(at::empty({0}, bucket.options));
+      compat::free_storage(bucket.param_full.storage());
+    }
+    units_[unit].state = UnitState::released;
+  }
+  void release_units() {
+    for (std::size_t u = 0; u < units_.size(); ++u) release_unit(u);
+  }
+
  private:
   struct Bucket {
     std::vector<std::size_t> params;
@@ -372,10 +455,23 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     BucketCompressor compressor;   // compression != none
     at::Tensor second;             // PowerSGD: the second sum (Q) in flight
     InFlight second_work;
+    at::Tensor param_shard;        // sharding::parameters: this rank's slice of the parameters
+    at::Tensor param_full;         // sharding::parameters: every parameter; storage freed when released
+    InFlight gather_work;          // sharding::parameters: its all-gather in flight
+  };
+  enum class UnitState { released, in_flight, gathered };
+  struct Unit {
+    std::vector<std::size_t> buckets;
+    std::vector<std::size_t> params;
+    UnitState state = UnitState::gathered;  // at construction every parameter is whole
+    std::size_t ready = 0;                  // parameters whose gradient came in this backward
   };
 
   bool sharded() const noexcept { return options_.sharding != Sharding::none; }
-  bool scatters() const noexcept { return options_.sharding == Sharding::gradients; }
+  bool scatters() const noexcept {
+    return options_.sharding == Sharding::gradients || options_.sharding == Sharding::parameters;
+  }
+  bool shards_parameters() const noexcept { return options_.sharding == Sharding::parameters; }
 
   // Called by autograd after a parameter's gradient was accumulated into .grad.
   class ReadyHook : public torch::autograd::FunctionPostHook {
@@ -401,8 +497,13 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     bucket_of_.assign(params_.size(), 0);
     position_of_.assign(params_.size(), 0);
     std::vector<std::size_t> bucket_bytes;
+    std::size_t unit = shards_parameters() && !order.empty() ? unit_of_[order.front()] : 0;
     for (const std::size_t k : order) {
       const auto& p = params_[k];
+      if (shards_parameters() && unit_of_[k] != unit) {  // a unit's buckets are its own
+        open.clear();
+        unit = unit_of_[k];
+      }
       const std::tuple<int, int, int> key{static_cast<int>(p.device().type()), p.device().index(),
                                           static_cast<int>(p.scalar_type())};
       auto it = open.find(key);
@@ -414,18 +515,18 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       Bucket& bucket = buckets_[it->second];
       bucket.offsets.push_back(bucket.params.empty()
                                    ? 0
-                                   : bucket.offsets.back() + params_[bucket.params.back()].numel());
+                                   : bucket.offsets.back() + numel_[bucket.params.back()]);
       position_of_[k] = bucket.params.size();
       bucket.params.push_back(k);
       bucket_of_[k] = it->second;
-      bucket_bytes[it->second] += static_cast<std::size_t>(p.numel()) * p.element_size();
+      bucket_bytes[it->second] += static_cast<std::size_t>(numel_[k]) * p.element_size();
       const std::size_t cap = it->second == 0 ? options_.first_bucket_cap_bytes : options_.bucket_cap_bytes;
       if (bucket_bytes[it->second] >= cap) open.erase(it);  // full: the next one opens anew
     }
     const int64_t world = comm_->world_size();
     for (auto& bucket : buckets_) {
       const auto& last = params_[bucket.params.back()];
-      const int64_t total = bucket.offsets.back() + last.numel();
+      const int64_t total = bucket.offsets.back() + numel_[bucket.params.back()];
       bucket.options = last.options().requires_grad(false);
       bucket.padded = sharded() ? (total + world - 1) / world * world : total;
       if (scatters()) bucket.shard = at::zeros({bucket.padded / world}, bucket.options);
@@ -459,12 +560,12 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   // Parameter i's slot in its bucket's flat tensor (1-D; the bucket must be allocated).
   at::Tensor bucket_slot(std::size_t i) const {
     const Bucket& bucket = buckets_[bucket_of_[i]];
-    return bucket.flat.narrow(0, bucket.offsets[position_of_[i]], params_[i].numel());
+    return bucket.flat.narrow(0, bucket.offsets[position_of_[i]], numel_[i]);
   }
   // Parameter i's slot shaped like the parameter: its .grad with bucket views.
   at::Tensor bucket_view(std::size_t i) const {
     const Bucket& bucket = buckets_[bucket_of_[i]];
-    return storage_alias(bucket.flat, bucket.offsets[position_of_[i]], params_[i].sizes());
+    return storage_alias(bucket.flat, bucket.offsets[position_of_[i]], shape_[i]);
   }
 
   // Whether `grad` is the view of the slot of `param` in its bucket.
@@ -483,15 +584,19 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       for (std::size_t j = 0; j < bucket.params.size(); ++j) {
         const std::size_t index = bucket.params[j];
         const int64_t begin = std::max(first, bucket.offsets[j]);
-        const int64_t end = std::min(last, bucket.offsets[j] + params_[index].numel());
+        const int64_t end = std::min(last, bucket.offsets[j] + numel_[index]);
         if (begin >= end) continue;
         pieces_.push_back({index, b, begin - bucket.offsets[j], end - begin, begin - first});
-        piece_tensors_.push_back(params_[index].detach().view(-1).narrow(0, begin - bucket.offsets[j], end - begin));
+        // Stage 3: a view of the slice this rank keeps; else of the parameter itself.
+        piece_tensors_.push_back(shards_parameters()
+                                     ? bucket.param_shard.narrow(0, begin - first, end - begin)
+                                     : params_[index].detach().view(-1).narrow(0, begin - bucket.offsets[j], end - begin));
       }
     }
   }
 
   void on_ready(std::size_t index) {
+    if (shards_parameters()) unit_progress(index);
     if (!sync_ && !force_sync_) return;
     if (!round_open_) open_round(/*from_backward=*/true);
     if (ready_[index] && !used_[index]) {
@@ -516,6 +621,59 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     if (!unreachable_.empty())
       for (std::size_t i = 0; i < params_.size(); ++i)
         if (unreachable_[i]) mark_ready(i, /*used=*/false);
+  }
+
+  // Stage 3: once every parameter of a unit has its gradient, no autograd node needs the
+  // unit's full parameters any more (a node that read one also computes its gradient), so
+  // they are freed now, not at the end of backward; what is left gathered then is freed then.
+  void unit_progress(std::size_t index) {
+    if (!units_round_open_) {
+      units_round_open_ = true;
+      torch::autograd::Engine::get_default_engine().queue_callback([weak = weak_from_this()] {
+        if (auto reducer = weak.lock()) reducer->end_units_round();
+      });
+    }
+    Unit& unit = units_[unit_of_[index]];
+    if (++unit.ready == unit.params.size()) release_unit(unit_of_[index]);
+  }
+  void end_units_round() {
+    units_round_open_ = false;
+    for (auto& unit : units_) unit.ready = 0;
+    release_units();
+  }
+
+  // Each parameter's unit: the index of the first prefix of ReducerOptions::units that names
+  // it, else one unit after them (all of them when there are none).
+  void assign_units() {
+    if (!shards_parameters()) return;
+    const auto& prefixes = options_.units;
+    unit_of_.assign(params_.size(), prefixes.size());
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      for (std::size_t u = 0; u < prefixes.size(); ++u)
+        if (names_[i].rfind(prefixes[u] + ".", 0) == 0) {
+          unit_of_[i] = u;
+          break;
+        }
+    units_.assign(prefixes.size() + 1, Unit{});
+    for (std::size_t i = 0; i < params_.size(); ++i) units_[unit_of_[i]].params.push_back(i);
+  }
+
+  // Stage 3, at construction: each bucket's parameters copied into its flat buffer, which
+  // they become views of, and this rank's slice of it kept apart.
+  void shard_parameters() {
+    torch::NoGradGuard no_grad;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      Bucket& bucket = buckets_[b];
+      units_[unit_of_[bucket.params.front()]].buckets.push_back(b);
+      bucket.param_full = at::zeros({bucket.padded}, bucket.options);
+      for (std::size_t j = 0; j < bucket.params.size(); ++j) {
+        const std::size_t index = bucket.params[j];
+        bucket.param_full.narrow(0, bucket.offsets[j], numel_[index]).copy_(params_[index].detach().reshape(-1));
+        params_[index].set_data(storage_alias(bucket.param_full, bucket.offsets[j], shape_[index]));
+      }
+      const int64_t slice = bucket.padded / comm_->world_size();
+      bucket.param_shard = bucket.param_full.narrow(0, comm_->rank() * slice, slice).clone();
+    }
   }
 
   // Puts a gradient (zeros when unused or it has none) into its bucket, unless it is its
@@ -774,6 +932,11 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;    // parameter -> bucket
   std::vector<std::size_t> position_of_;  // parameter -> position in its bucket
+  std::vector<std::vector<int64_t>> shape_;  // each parameter's shape and element count (stage 3
+  std::vector<int64_t> numel_;               // empties released parameters)
+  std::vector<std::size_t> unit_of_;  // stage 3: parameter -> unit
+  std::vector<Unit> units_;           // stage 3
+  bool units_round_open_ = false;     // stage 3: this backward's end-of-units callback is queued
   std::vector<bool> ready_;
   std::vector<bool> used_;         // received a gradient in this backward (ready_ and used)
   std::vector<bool> unreachable_;  // predicted unused by the last forward; empty: no prediction

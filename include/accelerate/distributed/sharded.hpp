@@ -1,9 +1,10 @@
-// The engine of the sharded Backend policies Zero<Transport, 1|2>: the process group, rendezvous
-// and collectives of ProcessGroupEngine, with sharded gradient reducers and the engine hooks
-// (distributed/engine.hpp) where sharding differs from data parallel: the optimizer is
-// narrowed to this rank's shard when prepared, its step all-gathers the updated parameters,
-// clipping reduces the norm's parts across ranks, fp16 ranks agree on skipping, and each rank
-// checkpoints its own optimizer shard with a manifest of what it holds.
+// The engine of the sharded Backend policies Zero<Transport, 1|2|3>: the process group,
+// rendezvous and collectives of ProcessGroupEngine, with sharded gradient reducers and the
+// engine hooks (distributed/engine.hpp) where sharding differs from data parallel: the
+// optimizer is narrowed to this rank's shard when prepared, its step all-gathers the updated
+// parameters (stage 3: the next forward does), clipping reduces the norm's parts across ranks,
+// fp16 ranks agree on skipping, and each rank checkpoints its own optimizer shard (stage 3:
+// and parameter shard) with a manifest of what it holds.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -19,8 +21,10 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/optimizer.h>
 
+#include <accelerate/checkpoint/module_state.hpp>
 #include <accelerate/checkpoint/optimizer_state.hpp>
 #include <accelerate/checkpoint/registry.hpp>
 #include <accelerate/detail/check.hpp>
@@ -40,7 +44,81 @@ inline bool steps_elementwise(const torch::optim::Optimizer& optimizer) {
   return accelerate::detail::try_with_state_type(optimizer, []<class>() {});
 }
 
-/// ZeRO stage `Stage` (1: optimizer state, 2: and gradients) over `Factory`'s process group.
+/// A stage-3 model's synchronisation: data parallel's (ReducerHandle) and the forward pass,
+/// which gathers each unit's parameters just before it runs and releases them after.
+/// LibTorch modules have no forward hooks, so the units are what the prepared model itself
+/// calls: the children of a torch::nn::Sequential, run one by one (unit k+1's all-gather is
+/// started before unit k computes; backward regathers unit k from a hook on its output, while
+/// unit k-1's is prefetched, and frees it once its gradients are in), or else the whole model,
+/// gathered before its forward and released when backward has used it.
+/// Example (each Linear is a unit):
+///   auto [model, opt] = acc.prepare(torch::nn::Sequential(torch::nn::Linear(784, 4096), ...), adamw);
+class ShardedModelSync : public ReducerHandle {
+ public:
+  ShardedModelSync() = default;
+  explicit ShardedModelSync(ReducerHandle handle) : ReducerHandle(std::move(handle)) {}
+
+  /// Runs `module`'s forward with its units gathered (the prepared model calls it).
+  template <class Module, class... Args>
+  decltype(auto) forward(Module& module, Args&&... args) {
+    GradientReducer* reducer = this->reducer();
+    if (reducer == nullptr) return module.forward(std::forward<Args>(args)...);
+    if constexpr (std::is_same_v<Module, torch::nn::SequentialImpl>) {
+      if (reducer->unit_count() > 1 && !module.is_empty())
+        return sequential_forward(module, std::forward<Args>(args)...);
+    }
+    for (std::size_t u = 0; u < reducer->unit_count(); ++u) reducer->prefetch_unit(u);  // all in flight,
+    for (std::size_t u = 0; u < reducer->unit_count(); ++u) reducer->gather_unit(u);    // then waited for
+    auto output = module.forward(std::forward<Args>(args)...);
+    if (!torch::autograd::GradMode::is_enabled()) reducer->release_units();  // no backward to come
+    return output;
+  }
+
+ private:
+  template <class... Args>
+  at::Tensor sequential_forward(torch::nn::SequentialImpl& sequential, Args&&... args) {
+    const std::shared_ptr<GradientReducer>& reducer = shared_reducer();
+    const bool backward = torch::autograd::GradMode::is_enabled();
+    const std::size_t units = sequential.size();
+    std::optional<torch::nn::AnyValue> value;
+    std::size_t unit = 0;
+    for (auto it = sequential.begin(); it != sequential.end(); ++it, ++unit) {
+      reducer->gather_unit(unit);
+      reducer->prefetch_unit(next_with_parameters(*reducer, unit, +1));
+      if (unit == 0) {
+        value.emplace(it->any_forward(std::forward<Args>(args)...));
+      } else {
+        torch::nn::AnyValue next = it->any_forward(std::move(*value));
+        value.emplace(std::move(next));
+      }
+      at::Tensor* output = value->try_get<at::Tensor>();
+      if (backward && reducer->unit_has_parameters(unit) && output != nullptr && output->requires_grad()) {
+        // Runs when the gradient of this unit's output is known: just before its backward.
+        output->register_hook([weak = std::weak_ptr<GradientReducer>(reducer), unit](const at::Tensor&) {
+          if (auto held = weak.lock()) {
+            held->gather_unit(unit);
+            held->prefetch_unit(next_with_parameters(*held, unit, -1));
+          }
+        });
+      }
+      // The last unit's backward comes first: it stays gathered for it.
+      if (!backward || unit + 1 < units) reducer->release_unit(unit);
+    }
+    return value->get<at::Tensor>();
+  }
+
+  // The nearest unit after (+1) or before (-1) `unit` with parameters; unit_count() if none.
+  static std::size_t next_with_parameters(const GradientReducer& reducer, std::size_t unit, int direction) {
+    for (std::size_t u = unit; direction > 0 ? u + 1 < reducer.unit_count() : u > 0;) {
+      u = direction > 0 ? u + 1 : u - 1;
+      if (reducer.unit_has_parameters(u)) return u;
+    }
+    return reducer.unit_count();
+  }
+};
+
+/// ZeRO stage `Stage` (1: optimizer state, 2: and gradients, 3: and parameters) over
+/// `Factory`'s process group.
 /// Models are prepared as with data parallel (same check, broadcast and buckets) but their
 /// reducer is sharded (Sharding::optimizer_state or Sharding::gradients): rank r owns the r-th
 /// slice of every gradient bucket. A prepared optimizer's param groups are narrowed to those
@@ -50,25 +128,30 @@ inline bool steps_elementwise(const torch::optim::Optimizer& optimizer) {
 template <class Factory, int Stage>
 class ShardedEngine : public ProcessGroupEngine<Factory> {
   using Base = ProcessGroupEngine<Factory>;
-  static_assert(Stage == 1 || Stage == 2, "ShardedEngine: stage 1 or 2");
+  static_assert(Stage >= 1 && Stage <= 3, "ShardedEngine: stage 1, 2 or 3");
 
  public:
   static constexpr int stage = Stage;
-  using ModelSync = ReducerHandle;
+  using ModelSync = std::conditional_t<Stage == 3, ShardedModelSync, ReducerHandle>;
   using Base::Base;
 
   /// As data parallel, with a sharded reducer this engine keeps, so that optimizers prepared
   /// afterwards find which slices of their parameters this rank owns.
-  ReducerHandle make_model_sync(torch::nn::Module& module, const std::string& name,
-                                const AcceleratorOptions& options) {
-    ReducerHandle handle = Base::make_model_sync(module, name, options,
-                                                 Stage == 1 ? Sharding::optimizer_state : Sharding::gradients);
+  ModelSync make_model_sync(torch::nn::Module& module, const std::string& name,
+                            const AcceleratorOptions& options) {
+    constexpr Sharding sharding =
+        Stage == 1 ? Sharding::optimizer_state : Stage == 2 ? Sharding::gradients : Sharding::parameters;
+    std::vector<std::string> units;  // stage 3: a Sequential's children, else the whole model
+    if (Stage == 3 && dynamic_cast<torch::nn::SequentialImpl*>(&module) != nullptr)
+      for (const auto& child : module.named_children()) units.push_back(child.key());
+    ReducerHandle handle = Base::make_model_sync(module, name, options, sharding, std::move(units));
     if (!handle.shared_reducer()) {  // one process: each parameter is its own whole shard
       for (auto& item : module.named_parameters(true))
         if (item.value().requires_grad()) whole_[item.value().unsafeGetTensorImpl()] = {name, item.key()};
     }
     if (const auto& reducer = handle.shared_reducer()) {
       models_.push_back({name, reducer});
+      model_of_[&module] = models_.size() - 1;
       const auto& params = reducer->parameters();
       for (std::size_t i = 0; i < params.size(); ++i)
         owners_[params[i].unsafeGetTensorImpl()] = {models_.size() - 1, i};
@@ -78,13 +161,14 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
         slices_.insert(pieces[k].unsafeGetTensorImpl());
       }
     }
-    return handle;
+    return ModelSync(std::move(handle));
   }
 
   /// free_memory(): forgets every prepared model and optimizer. Their prepared objects must not
   /// be used afterwards (the shards they step are no longer known here).
   void release_prepared() {
     models_.clear();
+    model_of_.clear();
     owners_.clear();
     piece_of_.clear();
     whole_.clear();
@@ -142,8 +226,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
               states[slice.unsafeGetTensorImpl()] = std::move(sliced);
             }
             kept.push_back(slice);
-            shard.pieces.push_back({models_[model].name, reducer.names()[index],
-                                    std::vector<int64_t>(param.sizes().begin(), param.sizes().end()),
+            shard.pieces.push_back({models_[model].name, reducer.names()[index], reducer.shape_of(index),
                                     where.begin, where.length, group_base + static_cast<int64_t>(kept.size()) - 1});
           }
           if (has_state) states.erase(param.unsafeGetTensorImpl());
@@ -157,12 +240,103 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
   }
 
   /// Steps this rank's slices, then all-gathers every bucket holding the optimizer's
-  /// parameters, so each rank's model is whole and the same again.
+  /// parameters, so each rank's model is whole and the same again. Stage 3 gathers nothing:
+  /// the next forward does, unit by unit (a unit still gathered is released, being stale).
   void step_optimizer(torch::optim::Optimizer& optimizer) {
     optimizer.step();
     const auto shard = shards_.find(&optimizer);
     if (shard == shards_.end()) return;
-    for (const auto& [model, bucket] : shard->second.buckets) models_[model].reducer->gather_parameters(bucket);
+    for (const auto& [model, bucket] : shard->second.buckets) {
+      if constexpr (Stage == 3) models_[model].reducer->release_units();
+      else models_[model].reducer->gather_parameters(bucket);
+    }
+  }
+
+  /// Stage 3: the model's parameters gathered unit by unit (a collective: every rank calls
+  /// it), copied out, with its buffers and frozen parameters, in state_dict order.
+  std::vector<std::pair<std::string, at::Tensor>> full_model_state(const torch::nn::Module& module)
+    requires(Stage == 3)
+  {
+    auto state = checkpoint::named_tensors(module);
+    const auto found = model_of_.find(&module);
+    if (found == model_of_.end()) return state;  // one process: the parameters are whole
+    GradientReducer& reducer = *models_[found->second].reducer;
+    std::map<std::string, at::Tensor> whole;
+    for (std::size_t u = 0; u < reducer.unit_count(); ++u) {
+      if (!reducer.unit_has_parameters(u)) continue;
+      const bool was_gathered = reducer.unit_gathered(u);
+      reducer.gather_unit(u);
+      for (const std::size_t index : reducer.unit_parameters(u))
+        whole[reducer.names()[index]] = reducer.parameters()[index].detach().clone();
+      if (!was_gathered) reducer.release_unit(u);
+    }
+    for (auto& [name, tensor] : state)
+      if (const auto it = whole.find(name); it != whole.end()) tensor = it->second;
+    return state;
+  }
+
+  /// Stage 3: a prepared model's checkpoint entry is each rank's own (model_rank<r>): its
+  /// slices of the parameters under their names (1-D), the buffers and frozen parameters
+  /// whole, and a manifest under "shards" as the optimizer's (parameter, global shape, flat
+  /// range). Loading checks it first; another world size is re-cut from every saved rank.
+  checkpoint::Entry model_entry(const torch::nn::Module& module, checkpoint::Entry entry)
+    requires(Stage == 3)
+  {
+    const auto found = model_of_.find(&module);
+    if (found == model_of_.end()) return entry;
+    std::shared_ptr<GradientReducer> reducer = models_[found->second].reducer;
+    nlohmann::json manifest = {{"stage", Stage}, {"world_size", this->world_size()}, {"rank", this->rank()}};
+    nlohmann::json pieces = nlohmann::json::array();
+    for (const auto& piece : reducer->shard_pieces())
+      pieces.push_back({{"parameter", reducer->names()[piece.param]}, {"shape", reducer->shape_of(piece.param)},
+                        {"offset", piece.begin}, {"numel", piece.length}});
+    manifest["pieces"] = std::move(pieces);
+    const torch::nn::Module* target = &module;
+    entry.owner = checkpoint::EntryOwner::every_rank;
+    entry.save = [reducer, manifest, target] {
+      StateDict state;
+      std::set<std::string> sharded(reducer->names().begin(), reducer->names().end());
+      for (const auto& [name, tensor] : checkpoint::named_tensors(*target))
+        if (!sharded.count(name)) state.tensors[name] = tensor;
+      for (std::size_t k = 0; k < reducer->shard_pieces().size(); ++k)
+        state.tensors[reducer->names()[reducer->shard_pieces()[k].param]] = reducer->shard_piece_tensors()[k].detach();
+      state.values["shards"] = manifest;
+      return state;
+    };
+    auto check = [reducer, manifest, target](const StateDict& saved) {
+      ACCELERATE_CHECK(saved.values.contains("shards") && saved.values.at("shards") == manifest,
+                       "sharded model state: saved with the slices ",
+                       saved.values.contains("shards") ? saved.values.at("shards").dump() : std::string("(none)"),
+                       ", this rank holds ", manifest.dump(), " (another model, bucket size or number of processes?)");
+      std::set<std::string> sharded(reducer->names().begin(), reducer->names().end());
+      for (const auto& [name, tensor] : checkpoint::named_tensors(*target)) {
+        if (sharded.count(name)) continue;
+        const auto it = saved.tensors.find(name);
+        ACCELERATE_CHECK(it != saved.tensors.end() && it->second.sizes() == tensor.sizes(),
+                         "sharded model state: ", name, " is missing or has another shape");
+      }
+      for (std::size_t k = 0; k < reducer->shard_pieces().size(); ++k) {
+        const std::string& name = reducer->names()[reducer->shard_pieces()[k].param];
+        const auto it = saved.tensors.find(name);
+        ACCELERATE_CHECK(it != saved.tensors.end() && it->second.numel() == reducer->shard_pieces()[k].length,
+                         "sharded model state: the slice of ", name, " is missing or has another length");
+      }
+    };
+    entry.check = check;
+    entry.load = [reducer, target, check](const StateDict& saved) {
+      check(saved);
+      torch::NoGradGuard no_grad;
+      std::set<std::string> sharded(reducer->names().begin(), reducer->names().end());
+      for (auto& [name, tensor] : checkpoint::named_tensors(*target))
+        if (!sharded.count(name)) tensor.copy_(saved.tensors.at(name));
+      for (std::size_t k = 0; k < reducer->shard_pieces().size(); ++k) {
+        at::Tensor piece = reducer->shard_piece_tensors()[k];
+        piece.copy_(saved.tensors.at(reducer->names()[reducer->shard_pieces()[k].param]).reshape(-1));
+      }
+      reducer->release_units();  // a unit left gathered holds the old values
+    };
+    entry.reshard = [manifest](const std::vector<StateDict>& saved) { return resharded_model_state(manifest, saved); };
+    return entry;
   }
 
   /// This rank's slices of `params`: a model parameter becomes the slice of it this rank
@@ -388,6 +562,47 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     return out;
   }
 
+  // Stage 3: this rank's parameter slices (as `mine` lists them) copied together from the
+  // saved ranks' slices that overlap them; buffers and frozen parameters from saved rank 0.
+  static StateDict resharded_model_state(const nlohmann::json& mine, const std::vector<StateDict>& saved) {
+    StateDict out;
+    out.values["shards"] = mine;
+    std::set<std::string> sharded;
+    for (const auto& piece : mine.at("pieces")) sharded.insert(piece.at("parameter").get<std::string>());
+    for (std::size_t r = 0; r < saved.size(); ++r)
+      ACCELERATE_CHECK(saved[r].values.contains("shards"), "sharded model state of saved rank ", r,
+                       ": no \"shards\" manifest");
+    for (const auto& [name, tensor] : saved.front().tensors) {
+      bool is_slice = sharded.count(name) > 0;
+      for (const auto& piece : saved.front().values.at("shards").at("pieces"))
+        is_slice = is_slice || piece.at("parameter") == name;
+      if (!is_slice) out.tensors[name] = tensor;
+    }
+    for (const auto& piece : mine.at("pieces")) {
+      const auto name = piece.at("parameter").get<std::string>();
+      const int64_t begin = piece.at("offset").get<int64_t>(), numel = piece.at("numel").get<int64_t>();
+      at::Tensor assembled;
+      int64_t covered = 0;
+      for (std::size_t r = 0; r < saved.size(); ++r)
+        for (const auto& theirs : saved[r].values.at("shards").at("pieces")) {
+          if (theirs.at("parameter") != name) continue;
+          const int64_t offset = theirs.at("offset").get<int64_t>(), length = theirs.at("numel").get<int64_t>();
+          const int64_t from = std::max(begin, offset), to = std::min(begin + numel, offset + length);
+          if (from >= to) continue;
+          const auto it = saved[r].tensors.find(name);
+          ACCELERATE_CHECK(it != saved[r].tensors.end() && it->second.numel() == length, "sharded model state of "
+                           "saved rank ", r, ": the slice of ", name, " is missing or has another length");
+          if (!assembled.defined()) assembled = at::zeros({numel}, it->second.options());
+          assembled.narrow(0, from - begin, to - from).copy_(it->second.reshape(-1).narrow(0, from - offset, to - from));
+          covered += to - from;
+        }
+      ACCELERATE_CHECK(covered == numel, "sharded model state: the saved slices cover ", covered, " of the ", numel,
+                       " elements [", begin, ", ", begin + numel, ") of ", name);
+      out.tensors[name] = assembled;
+    }
+    return out;
+  }
+
   static void check_manifest(const nlohmann::json& expected, const StateDict& saved) {
     ACCELERATE_CHECK(saved.values.contains("shards"), "sharded optimizer state: the saved state has no "
                      "\"shards\" manifest (saved by a data-parallel run?); it cannot be loaded into ",
@@ -408,6 +623,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
   }
 
   std::vector<Model> models_;  // (release_prepared() clears this and every map below)
+  std::map<const torch::nn::Module*, std::size_t> model_of_;  // prepared module -> index in models_
   // Model parameter -> (model, index in its reducer), and -> (model, index of this rank's slice).
   std::map<const c10::TensorImpl*, std::pair<std::size_t, std::size_t>> owners_;
   std::map<const c10::TensorImpl*, std::pair<std::size_t, std::size_t>> piece_of_;
@@ -422,7 +638,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
 namespace accelerate::detail {
 
 template <int Stage>
-struct backend_engine<Zero<Gloo, Stage>> {
+struct backend_engine<Zero<Gloo, Stage>> {  // Stage 1, 2 or 3
   using type = distributed::ShardedEngine<distributed::GlooFactory, Stage>;
   static_assert(distributed::BackendEngine<type>);
 };

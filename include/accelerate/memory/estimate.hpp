@@ -76,7 +76,8 @@ inline std::int64_t tensor_bytes(const at::Tensor& t) { return static_cast<std::
 
 /// What one rank holds for `model` trained by `optimizer` (both prepared by `acc`, or the
 /// objects behind them), computed from their shapes and the Backend's layout:
-///   - parameters: every parameter of the model, whole (stages 1 and 2 keep them whole);
+///   - parameters: every parameter of the model, whole (stages 1 and 2 keep them whole; stage
+///     3 keeps this rank's slice of each bucket, as for its gradients, between steps);
 ///   - gradients: one copy of the trainable parameters; two with several processes and
 ///     DdpOptions::gradient_as_bucket_view off (the .grad and the buckets). Zero stage 1 keeps
 ///     the averaged buckets (one copy; its slices are views of them); stage 2 only this rank's
@@ -121,10 +122,12 @@ MemoryEstimate estimate_memory(const Acc& acc, Model& model, Optimizer& optimize
         estimate.gradients = 0;
         for (const auto& bucket : reducer->bucket_layout()) {
           std::int64_t elements = 0;
-          for (const std::size_t index : bucket) elements += reducer->parameters()[index].numel();
+          for (const std::size_t index : bucket) elements += reducer->numel_of(index);
           const std::int64_t element_size = reducer->parameters()[bucket.front()].element_size();
           estimate.gradients += (elements + world - 1) / world * element_size;
         }
+        // Stage 3's released parameters are empty tensors (counted 0 above); it keeps a slice.
+        if (Engine::stage == 3) estimate.parameters += estimate.gradients;
       }
     }
   } else {

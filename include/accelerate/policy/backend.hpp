@@ -87,9 +87,14 @@ struct zero_spelling {
 ///     slices are all-gathered. Adam in fp32 holds 4+4+8/W bytes per parameter.
 ///   - Zero<T, 2>: gradients sharded too: each bucket is reduce-scattered from the autograd
 ///     hooks while backward runs, so a rank keeps only its shard's gradients: 4+12/W bytes.
+///   - Zero<T, 3>: parameters sharded too: 16/W bytes between steps. A unit's parameters are
+///     all-gathered just before its forward and again for its backward, and freed after; the
+///     units are the children of a torch::nn::Sequential model (the next one's all-gather
+///     overlaps the current one's compute), or else the whole model. Between steps the
+///     model's parameters are empty tensors: read them with acc.get_state_dict(model).
 /// The prepared optimizer's param groups hold this rank's slices (1-D views of the model's
-/// parameters); after a synchronised backward the gradients live there, not on the model's
-/// parameters. Element-wise optimizers only (SGD, Adam, AdamW, RMSprop, Adagrad). Every other
+/// parameters, or of the rank's parameter shard at stage 3); after a synchronised backward
+/// the gradients live there, not on the model's parameters. Element-wise optimizers only (SGD, Adam, AdamW, RMSprop, Adagrad). Every other
 /// policy, accumulation, clipping, checkpoints and save_model work as with Gloo/Nccl; see
 /// docs/sharding.md. Include <accelerate/distributed/sharded.hpp> (opt-in: the umbrella
 /// header leaves it out, as it does NCCL) or, for Nccl, <accelerate/distributed/nccl.hpp>.
@@ -99,9 +104,9 @@ template <class Transport, int Stage>
 struct Zero {
   static_assert(std::is_same_v<Transport, Gloo> || std::is_same_v<Transport, Nccl>,
                 "accelerate::Zero<Transport, Stage>: Transport is accelerate::Gloo or accelerate::Nccl");
-  static_assert(Stage == 1 || Stage == 2,
-                "accelerate::Zero<Transport, Stage>: stage 1 (optimizer state) and stage 2 (and "
-                "gradients) are implemented; stage 3 (parameters too) is not yet");
+  static_assert(Stage >= 1 && Stage <= 3,
+                "accelerate::Zero<Transport, Stage>: stage 1 (optimizer state), 2 (and gradients) "
+                "or 3 (and parameters)");
   using transport = Transport;
   static constexpr int stage = Stage;
   static constexpr std::string_view name{detail::zero_spelling<Transport, Stage>::text.data(),

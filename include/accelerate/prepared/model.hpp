@@ -46,17 +46,17 @@ class PreparedModel {
     if constexpr (!Precision::autocast) {
       if constexpr (tracks_outputs) {
         sync_.before_forward();
-        auto output = impl().forward(std::forward<Args>(args)...);
+        auto output = call_forward(std::forward<Args>(args)...);
         after_forward(output);
         return output;
       } else {
-        return impl().forward(std::forward<Args>(args)...);
+        return call_forward(std::forward<Args>(args)...);
       }
     } else {
       if constexpr (tracks_outputs) sync_.before_forward();
       auto output = [&] {
         AutocastScope<Precision> scope(context_->device().type());
-        return impl().forward(std::forward<Args>(args)...);
+        return call_forward(std::forward<Args>(args)...);
       }();
       if constexpr (tracks_outputs) after_forward(output);
       if constexpr (data::is_nested_v<decltype(output)>) {
@@ -85,6 +85,16 @@ class PreparedModel {
   ModelSync& model_sync() noexcept { return sync_; }
 
  private:
+  // The module's forward, or the model sync's when it runs it (stage 3 gathers the sharded
+  // parameters around it).
+  template <class... Args>
+  decltype(auto) call_forward(Args&&... args) {
+    if constexpr (requires { sync_.forward(impl(), std::forward<Args>(args)...); })
+      return sync_.forward(impl(), std::forward<Args>(args)...);
+    else
+      return impl().forward(std::forward<Args>(args)...);
+  }
+
   // A distributed model's sync runs before each forward (buffers) and may need the forward's
   // outputs (to find unused parameters early).
   static constexpr bool tracks_outputs = requires(ModelSync& s, const std::vector<at::Tensor>& outputs) {
