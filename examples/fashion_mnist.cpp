@@ -2,7 +2,8 @@
 // written once; the Accelerator's policies decide how it runs. The last line printed is one
 // JSON object describing the run.
 #include <accelerate/accelerate.hpp>
-#include <accelerate/data/idx.hpp>  // optional: the Fashion-MNIST files' reader
+#include <accelerate/data/idx.hpp>             // optional: the Fashion-MNIST files' reader
+#include <accelerate/distributed/sharded.hpp>  // optional: Zero<Gloo, N> (--zero N)
 #ifdef ACCELERATE_EXAMPLE_YAML
 #include <accelerate/config.hpp>
 #endif
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <vector>
@@ -38,6 +40,7 @@ struct Args {
   bool env = false;         // print the environment report and exit
   bool estimate_memory = false;  // print the bytes each rank holds for the model and exit
   bool check_finite_loss = true;  // a NaN/inf loss stops training, naming the step
+  int zero_stage = 0;  // 1-3: sharded data parallel (Zero<Gloo, N>) instead of Gloo
   accelerate::RunConfig run;  // precision, accumulation, clipping, processes
   // How gradient buckets travel (a run-time option: no extra compiled combination).
   accelerate::GradientCompression compression = accelerate::GradientCompression::none;
@@ -58,7 +61,7 @@ struct Progress {
             << "                     [--clip-norm X] [--project-dir DIR [--resume]] [--max-train-samples N]\n"
             << "                     [--log-with jsonl,csv,tensorboard|all] [--no-progress] [--env]\n"
             << "                     [--estimate-memory]   (bytes per rank for the model, then exit)\n"
-            << "                     [--allow-nonfinite-loss] [--workers N]\n"
+            << "                     [--allow-nonfinite-loss] [--workers N] [--zero 1|2|3]\n"
             << "                     [--compression none|fp16|bf16|power_sgd [--power-sgd-rank R]\n"
             << "                      [--power-sgd-start STEPS]]\n"
             << "                     [--config default_config.yaml]   (precedence: flags, then ACCELERATE_*\n"
@@ -121,6 +124,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--data") a.data = value();
     else if (flag == "--no-progress") a.progress = false;
     else if (flag == "--workers") a.workers = parse_count<std::size_t>(flag, value());
+    else if (flag == "--zero") a.zero_stage = parse_count<int>(flag, value());
     else if (flag == "--max-train-samples") a.max_train_samples = parse_count<std::size_t>(flag, value());
     else if (flag == "--project-dir") a.project_dir = value();
     else if (flag == "--resume") a.resume = true;
@@ -154,6 +158,10 @@ Args parse(int argc, char** argv) {
     usage("--epochs, --batch-size, --lr and --accum must be positive");
   if (a.run.max_grad_norm && *a.run.max_grad_norm < 0) usage("--clip-norm must not be negative");
   if (a.resume && a.project_dir.empty()) usage("--resume needs --project-dir");
+  if (a.zero_stage > 3) usage("--zero must be 1, 2 or 3 (0: data parallel)");
+  if (a.zero_stage > 0 && a.run.mixed_precision != "no") usage("--zero runs in fp32 only (in this example)");
+  if (a.zero_stage > 0 && a.compression != accelerate::GradientCompression::none)
+    usage("--zero shards gradients; --compression is for data parallel");
   return a;
 }
 
@@ -192,6 +200,13 @@ int train(const Args& args) {
   options.tracking.log_with = args.log_with;
   if (!args.project_dir.empty())
     options.project = {.project_dir = args.project_dir, .automatic_checkpoint_naming = true, .total_limit = 2};
+  // The sharded presets below accumulate and clip by norm at run time: one micro-step per
+  // step without --accum, and without --clip-norm the norm is only measured (the largest
+  // double as the bound never scales).
+  if constexpr (requires { Acc::backend_policy::stage; }) {
+    options.accumulation.num_steps = args.run.gradient_accumulation_steps;
+    if (!args.run.max_grad_norm) options.clip.max_norm = std::numeric_limits<double>::max();
+  }
   Acc acc{args.run.apply(options)};
   if (args.estimate_memory) {
     // What each rank holds for the model under this configuration: no data needed.
@@ -286,6 +301,7 @@ int train(const Args& args) {
   if (acc.is_main_process()) {
     nlohmann::json report = {
         {"world_size", acc.num_processes()},
+        {"backend", std::string(Acc::backend_policy::name)},
         {"precision", std::string(acc.mixed_precision())},
         {"accum", acc.gradient_accumulation_steps()},
         {"epochs", args.epochs},
@@ -310,6 +326,12 @@ int train(const Args& args) {
 
 }  // namespace
 
+// --zero N: one preset per stage, fp32, accumulation and clipping chosen at run time (three
+// more compiled Accelerators rather than every combination again).
+template <int Stage>
+using Sharded = accelerate::Accelerator<accelerate::Zero<accelerate::Gloo, Stage>, accelerate::Fp32,
+                                        accelerate::AccumulateDynamic, accelerate::ClipNorm<>>;
+
 // Every combination the flags can ask for is compiled; dispatch() runs the one they select.
 using Supported = accelerate::all_combinations<
     accelerate::type_list<accelerate::SingleProcess, accelerate::Gloo>,
@@ -329,6 +351,9 @@ int main(int argc, char** argv) {
   return accelerate::launch(argc, argv, [](int argc, char** argv) {
     try {
       const Args args = parse(argc, argv);
+      if (args.zero_stage == 1) return train<Sharded<1>>(args);
+      if (args.zero_stage == 2) return train<Sharded<2>>(args);
+      if (args.zero_stage == 3) return train<Sharded<3>>(args);
       return accelerate::dispatch(Supported{}, args.run, [&]<class Acc>() { return train<Acc>(args); });
     } catch (const accelerate::Error& e) {
       std::cerr << "fashion_mnist: " << e.what() << "\n";
