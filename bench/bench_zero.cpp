@@ -1,8 +1,10 @@
-// Model-state memory, communication and step time of data parallel against ZeRO stages 1 and 2
-// (Zero<Gloo, 1|2>) with AdamW in fp32. Each rank counts the bytes its tensors hold — parameters,
-// gradients (distinct storages behind the model's and the optimizer's .grad), optimizer state
-// — and its peak RSS (which also holds the reducer's bucket buffers), and prints one JSON line.
-//   bench_zero --nproc W --backend ddp|zero1|zero2 [--params-millions 100] [--steps 4]
+// Model-state memory, communication and step time of data parallel against ZeRO stages 1, 2 and
+// 3 (Zero<Gloo, 1|2|3>) with AdamW in fp32. Each rank counts the bytes its tensors hold between
+// steps — parameters (stage 3: its slices), gradients (distinct storages behind the model's and
+// the optimizer's .grad), optimizer state — its peak RSS (which also holds the reducer's bucket
+// buffers and stage 3's gathered units), and the communication time per step, all of it and
+// the part the training thread waited for; it prints one JSON line.
+//   bench_zero --nproc W --backend ddp|zero1|zero2|zero3 [--params-millions 100] [--steps 4]
 // bench/zero.sh runs the variants in rotation and writes the table in bench/README.md.
 #include <accelerate/accelerate.hpp>
 #include <accelerate/distributed/sharded.hpp>
@@ -57,11 +59,20 @@ template <class Backend>
 int run(const Args& a) {
   accelerate::Accelerator<Backend> acc{{.seed = 1, .process_group = {.timeout = std::chrono::minutes(10)}}};
   auto net = make_model(a.params_millions);
+  const int64_t width = net[0]->as<torch::nn::Linear>()->weight.size(1);
+  std::uint64_t params = 0;  // of the whole model
+  for (const auto& p : net->parameters()) params += bytes_of(p);
   torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-4));
   auto [model, opt] = acc.prepare(net, adamw);
-  const int64_t width = net[0]->as<torch::nn::Linear>()->weight.size(1);
-  std::uint64_t params = 0;
-  for (const auto& p : net->parameters()) params += bytes_of(p);
+  std::uint64_t held = params;  // what this rank keeps between steps: stage 3, its slices
+  if constexpr (requires { Backend::stage; }) {
+    if (Backend::stage == 3) {
+      std::vector<at::Tensor> slices;
+      for (const auto& group : opt.param_groups())
+        for (const auto& slice : group.params()) slices.push_back(slice);
+      held = storage_bytes(slices);
+    }
+  }
 
   std::uint64_t grads = 0, state = 0, comm_bytes = 0;
   std::vector<double> step_ms;
@@ -90,6 +101,7 @@ int run(const Args& a) {
       state += bytes_of(s.exp_avg()) + bytes_of(s.exp_avg_sq());
     }
   const auto after = acc.stats();
+  const auto comm_time = after.time - before.time;
   comm_bytes = (after.allreduce.bytes - before.allreduce.bytes) + (after.reduce_scatter.bytes - before.reduce_scatter.bytes) +
                (after.allgather.bytes - before.allgather.bytes) + (after.broadcast.bytes - before.broadcast.bytes);
   struct rusage usage {};
@@ -99,11 +111,13 @@ int run(const Args& a) {
                          {"world_size", acc.num_processes()},
                          {"rank", acc.process_index()},
                          {"parameters", params / 4},
-                         {"param_bytes", params},
+                         {"param_bytes", held},
                          {"grad_bytes", grads},
                          {"optimizer_bytes", state},
                          {"comm_bytes_per_step", comm_bytes / static_cast<std::uint64_t>(std::max(1, a.steps - 1))},
                          {"median_step_ms", step_ms[1 + (step_ms.size() - 1) / 2]},
+                         {"comm_ms_per_step", 1e3 * comm_time.busy_seconds / std::max(1, a.steps - 1)},
+                         {"exposed_comm_ms_per_step", 1e3 * comm_time.exposed_seconds / std::max(1, a.steps - 1)},
                          {"peak_rss_bytes", static_cast<std::uint64_t>(usage.ru_maxrss) * 1024}};
   std::cout << line.dump() << std::endl;
   return 0;
@@ -121,6 +135,7 @@ int main(int argc, char** argv) {
     }
     if (a.backend == "zero1") return run<accelerate::Zero<accelerate::Gloo, 1>>(a);
     if (a.backend == "zero2") return run<accelerate::Zero<accelerate::Gloo, 2>>(a);
+    if (a.backend == "zero3") return run<accelerate::Zero<accelerate::Gloo, 3>>(a);
     return run<accelerate::Gloo>(a);
   });
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Data parallel against ZeRO stages 1 and 2 on Gloo: model-state bytes per rank counted from the
-# tensors against the ZeRO formula, peak RSS, bytes communicated per step and step time, for a
+# Data parallel against ZeRO stages 1, 2 and 3 on Gloo: model-state bytes per rank counted from
+# the tensors against the ZeRO formula, peak RSS, bytes communicated per step, communication
+# time per step (all of it, and the part the training thread waited for) and step time, for a
 # ~100M-parameter MLP with AdamW on 2 and 4 ranks. The three backends run one after another,
 # round after round; memory and bytes are the same every round, times are the median over
 # rounds of each run's median step.
@@ -17,7 +18,7 @@ mkdir -p bench/results
 export OMP_NUM_THREADS=1
 for world in 2 4; do
   for round in $(seq "$rounds"); do
-    for backend in ddp zero1 zero2; do
+    for backend in ddp zero1 zero2 zero3; do
       "$build/bench/bench_zero" --nproc "$world" --backend "$backend" --params-millions "$millions" --steps 4 \
         | grep '^{' | sed "s/}\$/,\"round\":$round}/" >> "$out"
     done
@@ -26,24 +27,27 @@ done
 .venv/bin/python - "$out" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print("| ranks | backend | parameters | params MB | grads MB | optimizer MB | model state MB | ZeRO formula MB | state / formula | peak RSS MB | MB sent per step | ms per step |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| ranks | backend | parameters | params MB | grads MB | optimizer MB | model state MB | ZeRO formula MB | state / formula | peak RSS MB | MB sent per step | comm ms per step | of which exposed | ms per step |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for world in sorted({r["world_size"] for r in rows}):
-    for backend in ("ddp", "zero1", "zero2"):
+    for backend in ("ddp", "zero1", "zero2", "zero3"):
         mine = [r for r in rows if r["world_size"] == world and r["backend"] == backend]
         if not mine:
             continue
         rank0 = [r for r in mine if r["rank"] == 0]
         psi = rank0[0]["parameters"]
-        formula = {"ddp": 16 * psi, "zero1": 8 * psi + 8 * psi / world, "zero2": 4 * psi + 12 * psi / world}[backend]
+        formula = {"ddp": 16 * psi, "zero1": 8 * psi + 8 * psi / world, "zero2": 4 * psi + 12 * psi / world,
+                   "zero3": 16 * psi / world}[backend]
         # The largest rank: padding puts a few more elements on some ranks.
         state = max(r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"] for r in mine)
         worst = max(mine, key=lambda r: r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"])
         rss = max(r["peak_rss_bytes"] for r in mine)
         sent = max(r["comm_bytes_per_step"] for r in mine)
         ms = statistics.median(r["median_step_ms"] for r in rank0)
+        comm = statistics.median(r["comm_ms_per_step"] for r in rank0)
+        exposed = statistics.median(r["exposed_comm_ms_per_step"] for r in rank0)
         mb = lambda b: f"{b / 1e6:.0f}"
         print(f"| {world} | {backend} | {psi / 1e6:.1f}M | {mb(worst['param_bytes'])} | {mb(worst['grad_bytes'])} | "
               f"{mb(worst['optimizer_bytes'])} | {mb(state)} | {mb(formula)} | {state / formula:.3f} | {mb(rss)} | "
-              f"{mb(sent)} | {ms:.0f} |")
+              f"{mb(sent)} | {comm:.0f} | {exposed:.0f} | {ms:.0f} |")
 EOF
