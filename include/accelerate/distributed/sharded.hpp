@@ -292,25 +292,25 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
                         {"offset", piece.begin}, {"numel", piece.length}});
     manifest["pieces"] = std::move(pieces);
     const torch::nn::Module* target = &module;
+    // The parameters saved as slices; the rest (buffers, frozen parameters) is saved whole.
+    const auto sharded = std::make_shared<const std::set<std::string>>(reducer->names().begin(), reducer->names().end());
     entry.owner = checkpoint::EntryOwner::every_rank;
-    entry.save = [reducer, manifest, target] {
+    entry.save = [reducer, manifest, target, sharded] {
       StateDict state;
-      std::set<std::string> sharded(reducer->names().begin(), reducer->names().end());
       for (const auto& [name, tensor] : checkpoint::named_tensors(*target))
-        if (!sharded.count(name)) state.tensors[name] = tensor;
+        if (!sharded->count(name)) state.tensors[name] = tensor;
       for (std::size_t k = 0; k < reducer->shard_pieces().size(); ++k)
         state.tensors[reducer->names()[reducer->shard_pieces()[k].param]] = reducer->shard_piece_tensors()[k].detach();
       state.values["shards"] = manifest;
       return state;
     };
-    auto check = [reducer, manifest, target](const StateDict& saved) {
+    auto check = [reducer, manifest, target, sharded](const StateDict& saved) {
       ACCELERATE_CHECK(saved.values.contains("shards") && saved.values.at("shards") == manifest,
                        "sharded model state: saved with the slices ",
                        saved.values.contains("shards") ? saved.values.at("shards").dump() : std::string("(none)"),
                        ", this rank holds ", manifest.dump(), " (another model, bucket size or number of processes?)");
-      std::set<std::string> sharded(reducer->names().begin(), reducer->names().end());
       for (const auto& [name, tensor] : checkpoint::named_tensors(*target)) {
-        if (sharded.count(name)) continue;
+        if (sharded->count(name)) continue;
         const auto it = saved.tensors.find(name);
         ACCELERATE_CHECK(it != saved.tensors.end() && it->second.sizes() == tensor.sizes(),
                          "sharded model state: ", name, " is missing or has another shape");
@@ -323,12 +323,11 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
       }
     };
     entry.check = check;
-    entry.load = [reducer, target, check](const StateDict& saved) {
+    entry.load = [reducer, target, check, sharded](const StateDict& saved) {
       check(saved);
       torch::NoGradGuard no_grad;
-      std::set<std::string> sharded(reducer->names().begin(), reducer->names().end());
       for (auto& [name, tensor] : checkpoint::named_tensors(*target))
-        if (!sharded.count(name)) tensor.copy_(saved.tensors.at(name));
+        if (!sharded->count(name)) tensor.copy_(saved.tensors.at(name));
       for (std::size_t k = 0; k < reducer->shard_pieces().size(); ++k) {
         at::Tensor piece = reducer->shard_piece_tensors()[k];
         piece.copy_(saved.tensors.at(reducer->names()[reducer->shard_pieces()[k].param]).reshape(-1));
@@ -537,26 +536,20 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
       states[key] = overlapping.front()->state->values.at("state").at(overlapping.front()->index);
       ACCELERATE_CHECK(my_index >= 0 && my_index < static_cast<int64_t>(params.size()), "sharded optimizer state: ",
                        "state index ", my_index, " is outside the optimizer's ", params.size(), " parameters");
-      std::map<std::string, at::Tensor> assembled;  // state name -> this slice's elements
-      int64_t covered = 0;
+      std::map<std::string, std::vector<SavedSlice>> fields;  // state name -> the saved slices of it
       for (const Source* source : overlapping) {
-        const int64_t from = std::max(begin, source->offset), to = std::min(begin + numel, source->offset + source->numel);
-        covered += to - from;
         const std::string prefix = "state." + source->index + ".";
         for (const auto& [name, tensor] : source->state->tensors) {
           if (!name.starts_with(prefix)) continue;
-          const std::string field = name.substr(prefix.size());
           ACCELERATE_CHECK(tensor.numel() == source->numel, "sharded optimizer state: ", name, " has ",
                            tensor.numel(), " elements, its slice of ", model, ".", parameter, " ", source->numel);
-          auto& target = assembled[field];
-          if (!target.defined()) target = at::zeros({numel}, tensor.options());
-          target.narrow(0, from - begin, to - from).copy_(tensor.reshape(-1).narrow(0, from - source->offset, to - from));
+          fields[name.substr(prefix.size())].push_back({source->offset, source->numel, tensor});
         }
       }
-      ACCELERATE_CHECK(covered == numel, "sharded optimizer state: the saved slices cover ", covered, " of the ",
-                       numel, " elements [", begin, ", ", begin + numel, ") of ", model, ".", parameter);
-      for (auto& [field, tensor] : assembled)
-        out.tensors["state." + key + "." + field] = tensor.reshape(params[static_cast<std::size_t>(my_index)].sizes());
+      for (const auto& [field, slices] : fields)
+        out.tensors["state." + key + "." + field] =
+            assembled_slice(begin, numel, slices, "sharded optimizer state: " + model + "." + parameter + " (" + field + ")")
+                .reshape(params[static_cast<std::size_t>(my_index)].sizes());
     }
     out.values["state"] = states;
     return out;
@@ -580,26 +573,44 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     }
     for (const auto& piece : mine.at("pieces")) {
       const auto name = piece.at("parameter").get<std::string>();
-      const int64_t begin = piece.at("offset").get<int64_t>(), numel = piece.at("numel").get<int64_t>();
-      at::Tensor assembled;
-      int64_t covered = 0;
+      std::vector<SavedSlice> slices;
       for (std::size_t r = 0; r < saved.size(); ++r)
         for (const auto& theirs : saved[r].values.at("shards").at("pieces")) {
           if (theirs.at("parameter") != name) continue;
-          const int64_t offset = theirs.at("offset").get<int64_t>(), length = theirs.at("numel").get<int64_t>();
-          const int64_t from = std::max(begin, offset), to = std::min(begin + numel, offset + length);
-          if (from >= to) continue;
+          const int64_t length = theirs.at("numel").get<int64_t>();
           const auto it = saved[r].tensors.find(name);
           ACCELERATE_CHECK(it != saved[r].tensors.end() && it->second.numel() == length, "sharded model state of "
                            "saved rank ", r, ": the slice of ", name, " is missing or has another length");
-          if (!assembled.defined()) assembled = at::zeros({numel}, it->second.options());
-          assembled.narrow(0, from - begin, to - from).copy_(it->second.reshape(-1).narrow(0, from - offset, to - from));
-          covered += to - from;
+          slices.push_back({theirs.at("offset").get<int64_t>(), length, it->second});
         }
-      ACCELERATE_CHECK(covered == numel, "sharded model state: the saved slices cover ", covered, " of the ", numel,
-                       " elements [", begin, ", ", begin + numel, ") of ", name);
-      out.tensors[name] = assembled;
+      out.tensors[name] = assembled_slice(piece.at("offset").get<int64_t>(), piece.at("numel").get<int64_t>(), slices,
+                                          "sharded model state: " + name);
     }
+    return out;
+  }
+
+  // A saved slice of a flattened parameter: elements [offset, offset + numel), in `tensor`.
+  struct SavedSlice {
+    int64_t offset;
+    int64_t numel;
+    at::Tensor tensor;
+  };
+
+  // Elements [begin, begin + numel) of a flattened parameter, copied together from the saved
+  // `slices` that overlap them; an error naming `what` unless they cover every element.
+  static at::Tensor assembled_slice(int64_t begin, int64_t numel, const std::vector<SavedSlice>& slices,
+                                    const std::string& what) {
+    at::Tensor out;
+    int64_t covered = 0;
+    for (const auto& slice : slices) {
+      const int64_t from = std::max(begin, slice.offset), to = std::min(begin + numel, slice.offset + slice.numel);
+      if (from >= to) continue;
+      if (!out.defined()) out = at::zeros({numel}, slice.tensor.options());
+      out.narrow(0, from - begin, to - from).copy_(slice.tensor.reshape(-1).narrow(0, from - slice.offset, to - from));
+      covered += to - from;
+    }
+    ACCELERATE_CHECK(covered == numel, what, ": the saved slices cover ", covered, " of the ", numel, " elements [",
+                     begin, ", ", begin + numel, ")");
     return out;
   }
 
