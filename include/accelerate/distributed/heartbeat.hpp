@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,15 +28,15 @@ namespace accelerate::distributed {
 class Heartbeat {
  public:
   /// Starts beating through its own connection to rank 0's store (so a stuck store never
-  /// blocks the collectives' connection) under `prefix`.
+  /// blocks the collectives' connection) under `prefix`. The connection is made by the beating
+  /// thread, retried until it is up: a store slow to accept one more client (a loaded host,
+  /// where a 5 s connect once failed a whole test job) neither fails nor delays start-up.
   Heartbeat(const ProcessEnvironment& env, const std::string& prefix,
             std::chrono::milliseconds interval = std::chrono::seconds(1))
       : shared_(std::make_shared<Shared>()) {
     shared_->env = env;
     shared_->prefix = prefix;
     shared_->interval = interval;
-    shared_->store = compat::make_tcp_store(env.master_addr, env.master_port, /*is_server=*/false,
-                                            env.world_size, std::max(interval * 5, std::chrono::milliseconds(5000)));
     std::thread([shared = shared_] { shared->run(); }).detach();
   }
   ~Heartbeat() {
@@ -71,23 +72,43 @@ class Heartbeat {
     ProcessEnvironment env;
     std::string prefix;
     std::chrono::milliseconds interval{1000};
-    compat::StorePtr store;
+    compat::StorePtr store;  // set by the beating thread once connected (under `mutex`)
     std::mutex mutex;
     std::condition_variable wake;
     bool stop = false;
 
     std::string key(int rank) const { return prefix + "/beat/" + std::to_string(rank); }
+    compat::StorePtr connected() {
+      std::lock_guard<std::mutex> lock(mutex);
+      return store;
+    }
     std::vector<int64_t> counts() {
+      const compat::StorePtr held = connected();
+      if (!held) throw std::runtime_error("the heartbeat is not connected to the store yet");
       std::vector<int64_t> out;
-      for (int r = 0; r < env.world_size; ++r) out.push_back(store->add(key(r), 0));
+      for (int r = 0; r < env.world_size; ++r) out.push_back(held->add(key(r), 0));
       return out;
     }
     void run() {
       std::unique_lock<std::mutex> lock(mutex);
+      while (!stop && !store) {
+        lock.unlock();
+        compat::StorePtr made;
+        try {
+          made = compat::make_tcp_store(env.master_addr, env.master_port, /*is_server=*/false, env.world_size,
+                                        std::max(interval * 5, std::chrono::milliseconds(5000)));
+        } catch (const std::exception&) {
+          // Not yet (or rank 0 is gone: then diagnose() says the store does not answer).
+        }
+        lock.lock();
+        if (made) store = std::move(made);
+        else wake.wait_for(lock, interval, [this] { return stop; });
+      }
+      const compat::StorePtr held = store;
       while (!stop) {
         lock.unlock();
         try {
-          store->add(key(env.rank), 1);
+          held->add(key(env.rank), 1);
         } catch (const std::exception&) {
           // The store went away (rank 0 finished first, or failed); diagnose() will say so.
         }
