@@ -365,8 +365,7 @@ class Accelerator {
   ///   acc.save_model(model, "out", {.max_shard_size = "1GB"});
   template <class Model>
   void save_model(const Model& model, const std::filesystem::path& dir, const SaveModelOptions& options = {}) {
-    const auto state = distributed::full_model_state(ctx_.engine, module_of(model));  // collective when sharded
-    if (distributed::writes_replicated_state(ctx_.engine)) checkpoint::write_model_files(state, dir, options);
+    distributed::save_model_files(ctx_.engine, module_of(model), dir, options);  // collective when sharded
     wait_for_everyone();
   }
 

@@ -9,10 +9,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 
@@ -500,6 +502,108 @@ TEST(ShardedStateDict, GetStateDictIsTheWholeModelOnEveryRankAndSaveWritesItOnce
   auto job = run_job("zero_state_dict", {.world_size = 2});
   ASSERT_EQ(job.exit_code, 0) << job.logs();
 }
+
+// --- stage 3 save_model: streamed to rank 0 one output shard at a time ------------------------
+
+// The tensors of a saved model folder (an index and its shards, or model.safetensors), by file.
+std::map<std::string, std::vector<std::string>> files_of(const std::filesystem::path& dir) {
+  std::map<std::string, std::vector<std::string>> out;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const auto file = entry.path().filename().string();
+    if (!file.ends_with(".safetensors")) continue;
+    out[file] = accelerate::checkpoint::SafetensorsFile::open(entry.path()).names();
+    std::sort(out[file].begin(), out[file].end());
+  }
+  return out;
+}
+
+ACCELERATE_WORKER(zero3_save_model) {
+  accelerate::Accelerator<accelerate::Zero<accelerate::Gloo, 3>> acc{{.process_group = {.timeout = 60s}}};
+  torch::manual_seed(5);
+  // Units of 35, 10 (weight and bias of the norm; its buffers stay whole) and 18 parameters.
+  auto make = [] {
+    return torch::nn::Sequential(torch::nn::Linear(kIn, kHidden), torch::nn::BatchNorm1d(kHidden), torch::nn::ReLU(),
+                                 torch::nn::Linear(kHidden, kOut));
+  };
+  auto net = make();
+  torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(0.01));
+  auto [model, opt] = acc.prepare(net, adamw);
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = batch(step, acc.process_index(), acc.num_processes());
+    acc.backward(torch::mse_loss(model(x), y));
+    opt.step();
+    opt.zero_grad();
+  }
+  std::string problems;
+  const int rank = acc.process_index(), world = acc.num_processes();
+  const auto out = job_dir() / "model";
+  std::filesystem::create_directories(out);
+  if (acc.is_main_process()) std::ofstream(out / "config.json") << "{\"kept\": true}";
+  acc.wait_for_everyone();
+
+  const auto before = acc.stats();
+  acc.save_model(model, out, {.max_shard_size = std::uint64_t{100}});
+  const auto after = acc.stats();
+  // Nothing was gathered: the parameters are still released, no all-gather ran, and each rank
+  // other than 0 sent rank 0 exactly the slices it holds (its optimizer's parameters).
+  for (const auto& p : net->parameters())
+    if (p.numel() != 0) problems += "save_model left a parameter gathered; ";
+  if (after.allgather.calls != before.allgather.calls)
+    problems += std::to_string(after.allgather.calls - before.allgather.calls) + " all-gathers in save_model; ";
+  std::int64_t held = 0;
+  for (const auto& group : opt.param_groups())
+    for (const auto& slice : group.params()) held += slice.numel();
+  const auto sent = static_cast<std::int64_t>(after.point_to_point.bytes - before.point_to_point.bytes);
+  const auto counts = acc.gather(torch::tensor({sent, held}, torch::kLong).unsqueeze(0));
+  std::int64_t total_held = 0;
+  for (int r = 0; r < world; ++r) {
+    const auto r_sent = counts[r][0].item<std::int64_t>(), r_held = counts[r][1].item<std::int64_t>();
+    total_held += r_held;
+    if (r_sent != (r == 0 ? 0 : 4 * r_held))
+      problems += "rank " + std::to_string(r) + " sent " + std::to_string(r_sent) + " bytes holding " +
+                  std::to_string(r_held) + " elements; ";
+  }
+  if (total_held != 35 + 10 + 18) problems += "the ranks hold " + std::to_string(total_held) + " elements; ";
+
+  // The files are what the whole model gives the same writer: same shards, same tensors.
+  const auto state = acc.get_state_dict(model);  // every rank calls it
+  if (acc.is_main_process()) {
+    std::vector<std::pair<std::string, torch::Tensor>> ordered;
+    for (const auto& [name, tensor] : accelerate::checkpoint::named_tensors(*net)) ordered.emplace_back(name, state.at(name));
+    const auto reference = job_dir() / "reference";
+    accelerate::checkpoint::write_model_files(ordered, reference, {.max_shard_size = std::uint64_t{100}});
+    const auto streamed = files_of(out), whole = files_of(reference);
+    if (streamed != whole || streamed.size() < 3)
+      problems += "the streamed files differ from the whole model's (" + std::to_string(streamed.size()) + " vs " +
+                  std::to_string(whole.size()) + " files); ";
+    auto loaded = make();
+    accelerate::load_checkpoint_in_model(*loaded, out);
+    for (const auto& [name, tensor] : accelerate::checkpoint::named_tensors(*loaded))
+      if (!torch::equal(tensor, state.at(name))) problems += "saved " + name + " differs from the model; ";
+    if (!std::filesystem::exists(out / "config.json")) problems += "the folder's config.json was lost; ";
+  }
+
+  // A folder rank 0 cannot write: every rank ends with an error, nothing is changed.
+  const auto blocked = job_dir() / "blocked";
+  if (acc.is_main_process()) std::ofstream(blocked) << "not a folder";
+  acc.wait_for_everyone();
+  const auto error = accelerate::testing::error_of([&] { acc.save_model(model, blocked); });
+  const std::string expected = rank == 0 ? "is a file, not a folder" : "rank 0 failed preparing the files";
+  if (error.find(expected) == std::string::npos) problems += "blocked folder: " + error + "; ";
+  acc.wait_for_everyone();
+  std::ifstream kept(blocked);
+  const std::string text((std::istreambuf_iterator<char>(kept)), std::istreambuf_iterator<char>());
+  if (text != "not a folder") problems += "the file in the way was changed; ";
+  return exit_code(problems);
+}
+
+class ShardedSaveModel : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShardedSaveModel, Stage3StreamsEachShardToRankZeroWithoutGatheringTheModel) {
+  auto job = run_job("zero3_save_model", {.world_size = GetParam()});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, ShardedSaveModel, ::testing::Values(2, 3));
 
 // --- refusals, Adagrad's sliced state, clipping by model parameters, save_model --------------
 

@@ -80,37 +80,67 @@ struct Shard {
   std::uint64_t bytes = 0;
 };
 
+/// A tensor as save_model plans its files, without its values: a sharded model is planned
+/// before any of its parameters is gathered. Tensors with one non-null `identity` are tied
+/// weights: the first is written, the others are left out.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  at::ScalarType dtype = at::kFloat;
+  const void* identity = nullptr;
+
+  std::uint64_t bytes() const {
+    std::uint64_t elements = 1;
+    for (const int64_t d : shape) elements *= static_cast<std::uint64_t>(d);
+    return elements * c10::elementSize(dtype);
+  }
+};
+
+/// The spec of a tensor one holds: tied when it shares storage with another (an empty tensor
+/// never counts as tied).
+inline TensorSpec spec_of(const std::string& name, const at::Tensor& tensor) {
+  const void* storage = tensor.numel() > 0 ? tensor.storage().data() : nullptr;
+  return {name, std::vector<int64_t>(tensor.sizes().begin(), tensor.sizes().end()), tensor.scalar_type(), storage};
+}
+
 /// huggingface_hub's split, in state-dict order without bin packing: a tensor larger than the
 /// cap gets a shard of its own; otherwise a shard closes when the next tensor would overflow
-/// it. Tensors sharing storage with an earlier one (tied weights) are left out and listed in
-/// `tied` (name -> the name kept).
-inline std::vector<Shard> split_into_shards(const std::vector<std::pair<std::string, at::Tensor>>& state,
-                                            std::uint64_t cap, std::map<std::string, std::string>* tied) {
+/// it. Tied tensors after the first are left out and listed in `tied` (name -> the name kept).
+inline std::vector<Shard> split_into_shards(const std::vector<TensorSpec>& specs, std::uint64_t cap,
+                                            std::map<std::string, std::string>* tied) {
   std::vector<Shard> shards(1);
-  std::map<const void*, std::string> seen_storage;
-  for (const auto& [name, tensor] : state) {
-    const void* storage = tensor.storage().data();
-    if (storage != nullptr && tensor.numel() > 0) {
-      const auto [it, inserted] = seen_storage.emplace(storage, name);
+  std::map<const void*, std::string> seen;
+  for (const auto& spec : specs) {
+    if (spec.identity != nullptr) {
+      const auto [it, inserted] = seen.emplace(spec.identity, spec.name);
       if (!inserted) {
-        if (tied) (*tied)[name] = it->second;
+        if (tied) (*tied)[spec.name] = it->second;
         continue;
       }
     }
-    const auto bytes = static_cast<std::uint64_t>(tensor.numel()) * tensor.element_size();
+    const auto bytes = spec.bytes();
     if (bytes > cap) {
       if (!shards.back().names.empty()) shards.emplace_back();
-      shards.back().names.push_back(name);
+      shards.back().names.push_back(spec.name);
       shards.back().bytes = bytes;
       shards.emplace_back();
       continue;
     }
     if (shards.back().bytes + bytes > cap && !shards.back().names.empty()) shards.emplace_back();
-    shards.back().names.push_back(name);
+    shards.back().names.push_back(spec.name);
     shards.back().bytes += bytes;
   }
   if (shards.back().names.empty() && shards.size() > 1) shards.pop_back();
   return shards;
+}
+
+/// The same for tensors one holds (tied: sharing storage with an earlier one).
+inline std::vector<Shard> split_into_shards(const std::vector<std::pair<std::string, at::Tensor>>& state,
+                                            std::uint64_t cap, std::map<std::string, std::string>* tied) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(state.size());
+  for (const auto& [name, tensor] : state) specs.push_back(spec_of(name, tensor));
+  return split_into_shards(specs, cap, tied);
 }
 
 /// "model-00002-of-00005.safetensors".
@@ -130,91 +160,153 @@ inline bool is_model_file(const std::string& name) {
 /// The metadata key tying the shards of one save to its index.
 inline constexpr const char* save_id_key = "accelerate_save_id";
 
-/// Writes a module's parameters and buffers as Hugging Face safetensors into `dir`:
-/// model.safetensors, or shards plus model.safetensors.index.json ({"metadata":
-/// {"total_size"}, "weight_map"}, keys sorted, 2-space indent). Returns the files written.
-/// (Accelerator::save_model calls this on the main process only.)
-/// Replacing a model is atomic: the new files are written into a hidden sibling folder with
-/// the folder's other files (hard links: configs, tokenizers stay), which then takes the
-/// folder's place in one rename; a crash at any moment leaves the old model or the new one,
-/// never a mix. Shards and index also carry one save id, so a loader refuses shards that do
-/// not belong together.
-/// This overload takes the tensors themselves (names in state_dict order), e.g. gathered
-/// from shards; the other takes them from a module.
-inline std::vector<std::filesystem::path> write_model_files(
-    const std::vector<std::pair<std::string, at::Tensor>>& state, const std::filesystem::path& dir,
-    const SaveModelOptions& options = {}) {
-  namespace fs = std::filesystem;
-  ACCELERATE_CHECK(options.safe_serialization,
-                   "save_model: safe_serialization=false would write a pickle (pytorch_model.bin); "
-                   "accelerate-cpp never writes or reads pickle, only safetensors");
-  const PathKind kind = path_kind(dir, "save_model");
-  ACCELERATE_CHECK(kind == PathKind::missing || kind == PathKind::directory, "save_model: ", dir.string(),
-                   " is a file, not a folder");
-  fs::path target = fs::absolute(dir).lexically_normal();
-  if (target.filename().empty()) target = target.parent_path();  // "out/"
-  ACCELERATE_CHECK(target != target.root_path() && target != fs::current_path(), "save_model: ", dir.string(),
-                   " is the current folder or the root; give the model a folder of its own");
-  std::map<std::string, std::string> tied;
-  const auto shards = split_into_shards(state, shard_size_bytes(options.max_shard_size), &tied);
-  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+/// Writes the files of one save_model shard by shard, so that only the tensors of the shard
+/// being written need to exist at once (a sharded model gathers each shard's parameters just
+/// before it is written): model.safetensors, or shards plus model.safetensors.index.json
+/// ({"metadata": {"total_size"}, "weight_map"}, keys sorted, 2-space indent).
+/// Replacing a model is atomic: the files are written into a hidden sibling folder with the
+/// folder's other files (hard links: configs, tokenizers stay), which takes the folder's place
+/// in one rename at commit(); a writer destroyed before commit() removes what it wrote and
+/// leaves the folder as it was. Shards and index carry one save id, so a loader refuses
+/// shards that do not belong together.
+/// Example:
+///   checkpoint::ModelFilesWriter writer(dir, specs, {.max_shard_size = "1GB"});
+///   for (std::size_t i = 0; i < writer.shards().size(); ++i) writer.write_shard(i, tensors_of(writer.shards()[i]));
+///   writer.commit();
+class ModelFilesWriter {
+ public:
+  ModelFilesWriter(const std::filesystem::path& dir, const std::vector<TensorSpec>& specs,
+                   const SaveModelOptions& options = {})
+      : dir_(dir) {
+    namespace fs = std::filesystem;
+    ACCELERATE_CHECK(options.safe_serialization,
+                     "save_model: safe_serialization=false would write a pickle (pytorch_model.bin); "
+                     "accelerate-cpp never writes or reads pickle, only safetensors");
+    const PathKind kind = path_kind(dir, "save_model");
+    ACCELERATE_CHECK(kind == PathKind::missing || kind == PathKind::directory, "save_model: ", dir.string(),
+                     " is a file, not a folder");
+    target_ = fs::absolute(dir).lexically_normal();
+    if (target_.filename().empty()) target_ = target_.parent_path();  // "out/"
+    ACCELERATE_CHECK(target_ != target_.root_path() && target_ != fs::current_path(), "save_model: ", dir.string(),
+                     " is the current folder or the root; give the model a folder of its own");
+    shards_ = split_into_shards(specs, shard_size_bytes(options.max_shard_size), &tied_);
+    for (const auto& spec : specs) specs_.emplace(spec.name, spec);
 
-  fs::create_directories(target.parent_path());
-  const fs::path staging = begin_staging(target);
-  try {
-    // What else the folder holds comes along, by hard link (copied where links cannot be made).
-    if (kind == PathKind::directory) {
-      for (const auto& entry : fs::directory_iterator(target)) {
-        if (is_model_file(entry.path().filename().string())) continue;
-        std::error_code ec;
-        fs::copy(entry.path(), staging / entry.path().filename(),
-                 fs::copy_options::recursive | fs::copy_options::create_hard_links, ec);
-        if (ec) fs::copy(entry.path(), staging / entry.path().filename(), fs::copy_options::recursive);
+    fs::create_directories(target_.parent_path());
+    staging_ = begin_staging(target_);
+    try {
+      // What else the folder holds comes along, by hard link (copied where links cannot be made).
+      if (kind == PathKind::directory) {
+        for (const auto& entry : fs::directory_iterator(target_)) {
+          if (is_model_file(entry.path().filename().string())) continue;
+          std::error_code ec;
+          fs::copy(entry.path(), staging_ / entry.path().filename(),
+                   fs::copy_options::recursive | fs::copy_options::create_hard_links, ec);
+          if (ec) fs::copy(entry.path(), staging_ / entry.path().filename(), fs::copy_options::recursive);
+        }
       }
+    } catch (...) {
+      discard();
+      throw;
     }
     std::random_device entropy;
     std::ostringstream id;
     id << std::hex << entropy() << entropy() << entropy() << entropy();
-    std::map<std::string, std::string> metadata{{"format", "pt"}};
-    if (shards.size() > 1) metadata[save_id_key] = id.str();
+    save_id_ = id.str();
+  }
+  ModelFilesWriter(const ModelFilesWriter&) = delete;
+  ModelFilesWriter& operator=(const ModelFilesWriter&) = delete;
+  ~ModelFilesWriter() { if (!committed_) discard(); }
 
-    nlohmann::json weight_map = nlohmann::json::object();
-    std::uint64_t total = 0;
-    std::vector<std::string> names;
-    for (std::size_t i = 0; i < shards.size(); ++i) {
-      const std::string file = shards.size() == 1 ? "model.safetensors" : shard_file_name(i, shards.size());
-      std::map<std::string, at::Tensor> tensors;
-      for (const auto& name : shards[i].names) {
-        tensors.emplace(name, by_name.at(name));
-        weight_map[name] = file;
-      }
-      total += shards[i].bytes;
-      save_safetensors(staging / file, tensors, metadata);
-      names.push_back(file);
+  /// The files' plan: each shard's tensor names (state-dict order, tied copies left out).
+  const std::vector<Shard>& shards() const noexcept { return shards_; }
+  /// Tied names left out of the files (name -> the name written).
+  const std::map<std::string, std::string>& tied() const noexcept { return tied_; }
+
+  /// Writes shard `index` (shards are written in order) from `tensors`, which must hold
+  /// exactly its names with the planned shapes and dtypes; the file is fsynced.
+  void write_shard(std::size_t index, const std::map<std::string, at::Tensor>& tensors) {
+    ACCELERATE_CHECK(!committed_ && index == written_ && index < shards_.size(), "save_model: shard ", index + 1,
+                     " of ", shards_.size(), " written out of order (", written_, " written so far)");
+    const Shard& shard = shards_[index];
+    std::map<std::string, at::Tensor> out;
+    for (const auto& name : shard.names) {
+      const auto it = tensors.find(name);
+      ACCELERATE_CHECK(it != tensors.end(), "save_model: shard ", index + 1, " lacks tensor '", name, "'");
+      const TensorSpec& spec = specs_.at(name);
+      ACCELERATE_CHECK(it->second.sizes() == at::IntArrayRef(spec.shape) && it->second.scalar_type() == spec.dtype,
+                       "save_model: tensor '", name, "' is ", it->second.sizes(), " ", it->second.scalar_type(),
+                       ", planned as ", at::IntArrayRef(spec.shape), " ", spec.dtype);
+      out.emplace(name, it->second);
     }
-    if (shards.size() > 1) {
-      const nlohmann::json index = {{"metadata", {{"total_size", total}, {save_id_key, id.str()}}},
-                                    {"weight_map", weight_map}};
-      const fs::path index_path = staging / "model.safetensors.index.json";
+    const std::string file = shards_.size() == 1 ? "model.safetensors" : shard_file_name(index, shards_.size());
+    std::map<std::string, std::string> metadata{{"format", "pt"}};
+    if (shards_.size() > 1) metadata[save_id_key] = save_id_;
+    save_safetensors(staging_ / file, out, metadata);
+    for (const auto& name : shard.names) weight_map_[name] = file;
+    total_ += shard.bytes;
+    files_.push_back(file);
+    ++written_;
+  }
+
+  /// Writes the index (several shards) and puts the folder in place. Returns the files.
+  std::vector<std::filesystem::path> commit() {
+    ACCELERATE_CHECK(!committed_ && written_ == shards_.size(), "save_model: committing after ", written_, " of ",
+                     shards_.size(), " shards");
+    if (shards_.size() > 1) {
+      const nlohmann::json index = {{"metadata", {{"total_size", total_}, {save_id_key, save_id_}}},
+                                    {"weight_map", weight_map_}};
+      const auto index_path = staging_ / "model.safetensors.index.json";
       {
         std::ofstream out(index_path);
         out << index.dump(2) << '\n';
         out.flush();
-        ACCELERATE_CHECK(out.good(), "save_model: writing ", (dir / "model.safetensors.index.json").string(),
+        ACCELERATE_CHECK(out.good(), "save_model: writing ", (dir_ / "model.safetensors.index.json").string(),
                          " failed (disk full?)");
       }
       fsync_path(index_path);
-      names.push_back("model.safetensors.index.json");
+      files_.push_back("model.safetensors.index.json");
     }
-    commit_staging(target);
-    std::vector<fs::path> written;
-    for (const auto& name : names) written.push_back(dir / name);
+    commit_staging(target_);
+    committed_ = true;
+    std::vector<std::filesystem::path> written;
+    for (const auto& name : files_) written.push_back(dir_ / name);
     return written;
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove_all(staging, ignored);
-    throw;
   }
+
+ private:
+  void discard() noexcept {
+    std::error_code ignored;
+    std::filesystem::remove_all(staging_, ignored);
+  }
+
+  std::filesystem::path dir_, target_, staging_;
+  std::vector<Shard> shards_;
+  std::map<std::string, std::string> tied_;
+  std::map<std::string, TensorSpec> specs_;
+  std::string save_id_;
+  nlohmann::json weight_map_ = nlohmann::json::object();
+  std::uint64_t total_ = 0;
+  std::vector<std::string> files_;
+  std::size_t written_ = 0;
+  bool committed_ = false;
+};
+
+/// Writes a module's parameters and buffers as Hugging Face safetensors into `dir` with
+/// ModelFilesWriter (atomic replacement, one save id). Returns the files written.
+/// (Accelerator::save_model calls this on the main process only.)
+/// This overload takes the tensors themselves (names in state_dict order); the other takes
+/// them from a module.
+inline std::vector<std::filesystem::path> write_model_files(
+    const std::vector<std::pair<std::string, at::Tensor>>& state, const std::filesystem::path& dir,
+    const SaveModelOptions& options = {}) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(state.size());
+  for (const auto& [name, tensor] : state) specs.push_back(spec_of(name, tensor));
+  ModelFilesWriter writer(dir, specs, options);
+  const std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  for (std::size_t i = 0; i < writer.shards().size(); ++i) writer.write_shard(i, by_name);
+  return writer.commit();
 }
 
 inline std::vector<std::filesystem::path> write_model_files(const torch::nn::Module& module,

@@ -142,6 +142,28 @@ class Communicator {
     return work;
   }
 
+  /// Starts sending `tensor` (contiguous) to rank `to`; rank `to` receives it with
+  /// recv_async(..., from = this rank, the same tag). Point to point, so unlike the collectives
+  /// it is not part of the layout check; counted under CommStats::point_to_point (bytes sent).
+  /// Example (the sharded save_model streams parameter slices to rank 0 so):
+  ///   auto sent = comm.send_async(slice, 0, tag);  comm.wait(sent, "send");
+  InFlight send_async(at::Tensor& tensor, int to, int tag) {
+    ACCELERATE_CHECK(tensor.is_contiguous() && to >= 0 && to < world_size_ && to != rank_, "send: rank ", rank_,
+                     " cannot send a ", tensor.is_contiguous() ? "" : "non-contiguous ", "tensor to rank ", to);
+    std::vector<at::Tensor> tensors{tensor};
+    InFlight work = start(backend_->send(tensors, to, tag));
+    count(stats_.point_to_point, tensor);
+    return work;
+  }
+  /// Starts receiving into `tensor` (contiguous, the sent size) what rank `from` sends with `tag`.
+  InFlight recv_async(at::Tensor& tensor, int from, int tag) {
+    ACCELERATE_CHECK(tensor.is_contiguous() && from >= 0 && from < world_size_ && from != rank_, "recv: rank ",
+                     rank_, " cannot receive into a ", tensor.is_contiguous() ? "" : "non-contiguous ",
+                     "tensor from rank ", from);
+    std::vector<at::Tensor> tensors{tensor};
+    return start(backend_->recv(tensors, from, tag));
+  }
+
   void barrier() {
     agree(CollectiveOp::barrier, nullptr, 0);
     wait(start(backend_->barrier()), "barrier");

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <concepts>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,6 +22,7 @@
 
 #include <accelerate/checkpoint/module_state.hpp>
 #include <accelerate/checkpoint/registry.hpp>
+#include <accelerate/checkpoint/sharding.hpp>
 #include <accelerate/distributed/reduction.hpp>
 #include <accelerate/distributed/stats.hpp>
 #include <accelerate/options.hpp>
@@ -173,13 +175,27 @@ void release_prepared(E& engine) {
   if constexpr (requires { engine.release_prepared(); }) engine.release_prepared();
 }
 
-/// A model's full parameters and buffers (unwrapped names, state_dict order) for save_model;
-/// the ranks for which writes_replicated_state is true write them. Default: every rank holds
-/// them whole. A sharded engine gathers the shards (collective: every rank calls it).
+/// A model's full parameters and buffers (unwrapped names, state_dict order) on every rank,
+/// for get_state_dict. Default: every rank holds them whole. A sharded engine gathers the
+/// shards (collective: every rank calls it).
 template <class E>
 std::vector<std::pair<std::string, at::Tensor>> full_model_state(E& engine, const torch::nn::Module& module) {
   if constexpr (requires { engine.full_model_state(module); }) return engine.full_model_state(module);
   else return checkpoint::named_tensors(module);
+}
+
+/// save_model's files: a model's full parameters and buffers written as write_model_files
+/// lays them out. Default: the ranks for which writes_replicated_state is true write the
+/// tensors they hold. A sharded engine plans the files and gathers one output shard at a
+/// time, so no rank holds more than one shard of the gathered model (collective: every rank
+/// calls it).
+template <class E>
+void save_model_files(E& engine, const torch::nn::Module& module, const std::filesystem::path& dir,
+                      const SaveModelOptions& options) {
+  if constexpr (requires { engine.save_model_files(module, dir, options); })
+    engine.save_model_files(module, dir, options);
+  else if (writes_replicated_state(engine))
+    checkpoint::write_model_files(checkpoint::named_tensors(module), dir, options);
 }
 
 }  // namespace accelerate::distributed

@@ -362,6 +362,18 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   const std::vector<ShardPiece>& shard_pieces() const noexcept { return pieces_; }
   const std::vector<at::Tensor>& shard_piece_tensors() const noexcept { return piece_tensors_; }
 
+  /// Sharded: the elements [first, second) of parameter `index`, flattened, that rank `rank`
+  /// holds (first == second: none). The slices of one parameter are contiguous and in rank
+  /// order, and every rank computes every rank's (the layout is the same everywhere).
+  std::pair<int64_t, int64_t> held_by(std::size_t index, int rank) const {
+    const Bucket& bucket = buckets_.at(bucket_of_.at(index));
+    const int64_t length = bucket.padded / comm_->world_size();
+    const int64_t offset = bucket.offsets[position_of_[index]];
+    const int64_t begin = std::clamp<int64_t>(rank * length - offset, 0, numel_[index]);
+    const int64_t end = std::clamp<int64_t>((rank + 1) * length - offset, 0, numel_[index]);
+    return {begin, std::max(begin, end)};
+  }
+
   /// Sharded: after this rank stepped its pieces of bucket `bucket`, every rank's slice to
   /// every rank (one all-gather), so the bucket's parameters are whole and equal everywhere.
   /// Collective: every rank calls it for the same buckets in the same order.

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <exception>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -27,6 +29,7 @@
 #include <accelerate/checkpoint/module_state.hpp>
 #include <accelerate/checkpoint/optimizer_state.hpp>
 #include <accelerate/checkpoint/registry.hpp>
+#include <accelerate/checkpoint/sharding.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/distributed/engine.hpp>
 #include <accelerate/distributed/process_group.hpp>
@@ -273,6 +276,128 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     for (auto& [name, tensor] : state)
       if (const auto it = whole.find(name); it != whole.end()) tensor = it->second;
     return state;
+  }
+
+  /// Stage 3: save_model streams the model to rank 0 one output shard at a time. Every rank
+  /// plans the same files from the parameters' shapes; for each shard every rank sends rank 0
+  /// its slices of the shard's parameters (point to point, straight from the slices it keeps)
+  /// and rank 0 receives them into the full tensors, writes the shard and drops them. So rank 0
+  /// holds at most one output shard of the gathered model at a time, the others none, and the
+  /// model crosses the wire once (an all-gather would move it to every rank). The ranks agree
+  /// after each step (a one-element all-reduce): a write failing on rank 0 (disk full, a file
+  /// in the way) ends save_model on every rank with an error and leaves the folder as it was.
+  void save_model_files(const torch::nn::Module& module, const std::filesystem::path& dir,
+                        const SaveModelOptions& options)
+    requires(Stage == 3)
+  {
+    const auto found = model_of_.find(&module);
+    if (found == model_of_.end()) {  // one process, or a model this engine holds whole
+      if (this->rank() == 0) checkpoint::write_model_files(checkpoint::named_tensors(module), dir, options);
+      return;
+    }
+    const std::size_t model = found->second;
+    GradientReducer& reducer = *models_[model].reducer;
+    Communicator& comm = *this->communicator();
+    const int rank = this->rank();
+    const bool writes = rank == 0;
+
+    // The sharded parameters by name (tied names share one), and every tensor's spec.
+    std::map<const c10::TensorImpl*, std::size_t> index_of;
+    for (std::size_t i = 0; i < reducer.parameters().size(); ++i)
+      index_of[reducer.parameters()[i].unsafeGetTensorImpl()] = i;
+    std::map<std::string, std::size_t> sharded;
+    for (const auto& item : module.named_parameters(/*recurse=*/true))
+      if (const auto it = index_of.find(item.value().unsafeGetTensorImpl()); it != index_of.end())
+        sharded[item.key()] = it->second;
+    const auto state = checkpoint::named_tensors(module);  // state_dict order; buffers are whole
+    std::vector<checkpoint::TensorSpec> specs;
+    for (const auto& [name, tensor] : state) {
+      const auto it = sharded.find(name);
+      if (it == sharded.end()) specs.push_back(checkpoint::spec_of(name, tensor));
+      else specs.push_back({name, reducer.shape_of(it->second), reducer.parameters()[it->second].scalar_type(),
+                            &reducer.parameters()[it->second]});
+    }
+    // Planned alike on every rank (a bad size fails everywhere, before any collective).
+    const auto plan = checkpoint::split_into_shards(specs, checkpoint::shard_size_bytes(options.max_shard_size), nullptr);
+
+    std::optional<checkpoint::ModelFilesWriter> writer;
+    std::exception_ptr failure;
+    const auto flag_options = at::TensorOptions(at::kInt).device(reducer.parameters().front().device());
+    auto agree = [&](const std::string& doing) {
+      at::Tensor failed = at::full({1}, failure ? 1 : 0, flag_options);
+      comm.all_reduce(failed, Reduction::max);
+      if (failed.item<int>() == 0) return;
+      if (failure) std::rethrow_exception(failure);
+      accelerate::detail::fail("save_model: rank 0 failed ", doing, " in ", dir.string(),
+                               " (its error names the cause); the folder is as it was");
+    };
+    if (writes) {
+      try {
+        writer.emplace(dir, specs, options);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    agree("preparing the files");
+
+    const std::map<std::string, at::Tensor> whole(state.begin(), state.end());
+    int tag = 0;  // one per (parameter, rank) pair, counted alike on every rank
+    for (std::size_t s = 0; s < plan.size(); ++s) {
+      std::map<std::string, at::Tensor> tensors;  // rank 0: this shard's tensors
+      std::vector<InFlight> transfers;
+      std::vector<at::Tensor> buffers;  // alive until their transfers are done
+      torch::NoGradGuard no_grad;
+      for (const auto& name : plan[s].names) {
+        const auto it = sharded.find(name);
+        if (it == sharded.end()) {
+          if (writes) tensors[name] = whole.at(name);
+          continue;
+        }
+        const std::size_t index = it->second;
+        const at::Tensor& param = reducer.parameters()[index];
+        at::Tensor full;
+        if (writes) full = at::empty(reducer.shape_of(index), at::TensorOptions(param.scalar_type()).device(param.device()));
+        for (int r = 0; r < this->world_size(); ++r, ++tag) {
+          const auto [begin, end] = reducer.held_by(index, r);
+          if (begin == end || (!writes && r != rank)) continue;
+          if (r == rank) {
+            const auto piece = piece_of_.find(param.unsafeGetTensorImpl());
+            ACCELERATE_CHECK(piece != piece_of_.end() && piece->second.first == model &&
+                                 reducer.shard_pieces()[piece->second.second].begin == begin &&
+                                 reducer.shard_pieces()[piece->second.second].length == end - begin,
+                             "save_model: rank ", rank, " does not hold the slice [", begin, ", ", end, ") of ", name,
+                             " it should");
+            at::Tensor mine = reducer.shard_piece_tensors()[piece->second.second];
+            if (writes) full.view(-1).narrow(0, begin, end - begin).copy_(mine);
+            else transfers.push_back(comm.send_async(mine, 0, tag));
+            buffers.push_back(std::move(mine));
+          } else {
+            at::Tensor into = full.view(-1).narrow(0, begin, end - begin);
+            transfers.push_back(comm.recv_async(into, r, tag));
+            buffers.push_back(std::move(into));
+          }
+        }
+        if (writes) tensors[name] = std::move(full);
+      }
+      for (const auto& transfer : transfers)
+        comm.wait(transfer, writes ? "save_model: receiving parameter slices" : "save_model: sending parameter slices");
+      if (writes) {
+        try {
+          writer->write_shard(s, tensors);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
+      agree("writing shard " + std::to_string(s + 1) + " of " + std::to_string(plan.size()));
+    }
+    if (writes) {
+      try {
+        writer->commit();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    agree("publishing the folder");
   }
 
   /// Stage 3: a prepared model's checkpoint entry is each rank's own (model_rank<r>): its

@@ -65,6 +65,8 @@ struct CommStats {
   std::uint64_t grad_sync_rounds = 0;
   /// reduce_scatter calls and their input bytes (sharded backends: gradients to their owners).
   CollectiveCount reduce_scatter;
+  /// Point-to-point sends and their bytes (the stage-3 save_model streams slices to rank 0).
+  CollectiveCount point_to_point;
   /// Time on collectives since the start (`time.overlap()`: the share hidden under backward).
   CommTime time;
   /// The same for the last synchronised step: from the end of the previous gradient
@@ -82,6 +84,7 @@ inline std::ostream& operator<<(std::ostream& out, const CommStats& s) {
              << " B, broadcast " << s.broadcast.calls << "/" << s.broadcast.bytes << " B, allgather "
              << s.allgather.calls << "/" << s.allgather.bytes << " B, barrier " << s.barrier.calls
              << ", reduce_scatter " << s.reduce_scatter.calls << "/" << s.reduce_scatter.bytes
+             << " B, point_to_point " << s.point_to_point.calls << "/" << s.point_to_point.bytes
              << " B, gradient sync rounds " << s.grad_sync_rounds << ", communication " << s.time.busy_seconds
              << " s of which exposed " << s.time.exposed_seconds << " s";
 }
