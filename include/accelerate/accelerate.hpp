@@ -8,6 +8,7 @@
 #include <accelerate/checkpoint/reflect.hpp>
 #include <accelerate/data/tensor_dataset.hpp>
 #include <accelerate/distributed/process_group.hpp>
+#include <accelerate/distributed/units.hpp>
 #include <accelerate/environment_report.hpp>
 #include <accelerate/launch/launch.hpp>
 #include <accelerate/launch/preemption.hpp>

@@ -182,6 +182,13 @@ struct DdpOptions {
   GradientCompression compression = GradientCompression::none;
   /// Settings of GradientCompression::power_sgd.
   PowerSgdOptions power_sgd{};
+  /// Zero<_, 3> only (other backends ignore it): the submodules, by their names in
+  /// named_modules() ("encoder", "layers.0"), whose parameters are gathered one at a time, for
+  /// the call that runs each through accelerate::unit_forward(child, ...) in the model's
+  /// forward and again for its backward. List them in the order forward runs them (each
+  /// prefetches the next). The parameters outside them are gathered for the whole forward.
+  /// Empty: the children of a torch::nn::Sequential, else the whole model as one unit.
+  std::vector<std::string> shard_units = {};
 };
 
 /// How prepared dataloaders shard (Accelerate's DataLoaderConfiguration).

@@ -389,6 +389,118 @@ TEST_P(ShardedUnits, ASequentialsChildrenAreGatheredOneByOneAndTrainAsDataParall
 }
 INSTANTIATE_TEST_SUITE_P(Ranks, ShardedUnits, ::testing::Values(2, 3));
 
+// --- stage 3 units in any model: DdpOptions::shard_units and accelerate::unit_forward ---------
+
+// Not a Sequential: an encoder and a head run through unit_forward, and a parameter of the
+// model itself (outside every unit). Records what it sees of the units while it runs.
+struct TwoUnitNetImpl : torch::nn::Module {
+  TwoUnitNetImpl()
+      : encoder(register_module("encoder", torch::nn::Sequential(torch::nn::Linear(kIn, kHidden), torch::nn::Tanh()))),
+        head(register_module("head", torch::nn::Linear(kHidden, kOut))),
+        scale(register_parameter("scale", torch::full({kOut}, 1.5))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    const auto h = accelerate::unit_forward(encoder, x);
+    seen_encoder_after = std::max(seen_encoder_after, encoder->parameters()[0].numel());
+    seen_scale = std::min(seen_scale, scale.numel());
+    return accelerate::unit_forward(head, h) * scale;
+  }
+  torch::nn::Sequential encoder;
+  torch::nn::Linear head;
+  torch::Tensor scale;
+  std::int64_t seen_encoder_after = 0, seen_scale = 1 << 20;
+};
+TORCH_MODULE(TwoUnitNet);
+
+// The same, calling its encoder directly: at stage 3 with the encoder listed, an error.
+struct DirectCallNetImpl : TwoUnitNetImpl {
+  torch::Tensor forward(const torch::Tensor& x) { return head(encoder->forward(x)) * scale; }
+};
+TORCH_MODULE(DirectCallNet);
+
+template <class Backend>
+std::string train_listed_units(torch::Tensor& result) {
+  auto options = options_for({true, 2, 0.05, false});
+  options.ddp.shard_units = {"encoder", "head"};  // data parallel ignores it
+  ShardTestAccelerator<Backend> acc{options};
+  torch::manual_seed(5);
+  TwoUnitNet net;
+  torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+  auto [model, opt] = acc.prepare(net, optimizer);
+  std::string problems;
+  const int micro_steps = 2 * 6;
+  for (int micro = 0; micro < micro_steps; ++micro) {
+    auto scope = acc.accumulate(model);
+    auto [x, y] = batch(micro, acc.process_index(), acc.num_processes());
+    acc.backward(torch::mse_loss(model(x), y));
+    opt.step();
+    opt.zero_grad();
+  }
+  if constexpr (!std::is_same_v<Backend, accelerate::Gloo>) {
+    // Between the two units the encoder was released; the model's own parameter was whole.
+    if (net->seen_encoder_after != 0 || net->seen_scale != kOut)
+      problems += "between the units the encoder held " + std::to_string(net->seen_encoder_after) +
+                  " elements and scale " + std::to_string(net->seen_scale) + "; ";
+    // Forward: the rest, the encoder and the head (prefetched by the encoder's call); backward:
+    // the head again and the encoder (prefetched by the head's hook). 5 per micro-step.
+    const auto stats = acc.stats();
+    if (stats.allgather.calls != 5 * micro_steps)
+      problems += std::to_string(stats.allgather.calls) + " all-gathers, expected " + std::to_string(5 * micro_steps) + "; ";
+    {
+      torch::NoGradGuard no_grad;
+      (void)model(batch(0, acc.process_index(), acc.num_processes()).first);
+    }
+    for (const auto& p : net->parameters())
+      if (p.numel() != 0) problems += "a parameter stayed gathered after an evaluation; ";
+  } else if (net->seen_encoder_after != kHidden * kIn) {
+    problems += "unit_forward is not the plain call under data parallel; ";
+  }
+  result = whole_parameters(acc, model);
+  return problems;
+}
+
+ACCELERATE_WORKER(zero3_listed_units) {
+  torch::Tensor ddp, zero3;
+  std::string problems = train_listed_units<accelerate::Gloo>(ddp) +
+                         train_listed_units<accelerate::Zero<accelerate::Gloo, 3>>(zero3);
+  const double difference = (ddp - zero3).abs().max().item<double>();
+  if (!(difference <= 1e-6)) problems += "stage 3 differs from data parallel by " + std::to_string(difference) + "; ";
+
+  // A listed unit called directly, names that are not submodules, units inside units.
+  auto error_with = [](std::vector<std::string> units, auto net) {
+    using Acc = accelerate::Accelerator<accelerate::Zero<accelerate::Gloo, 3>>;
+    return accelerate::testing::error_of([&] {
+      Acc acc{{.process_group = {.timeout = 60s}, .ddp = {.shard_units = units}}};
+      auto [model] = acc.prepare(net);
+      (void)model(torch::ones({2, kIn}));
+    });
+  };
+  const auto direct = error_with({"encoder", "head"}, DirectCallNet());
+  if (direct.find("gathered only inside accelerate::unit_forward") == std::string::npos) problems += "direct: " + direct + "; ";
+  const auto unknown = error_with({"encoder", "nope"}, TwoUnitNet());
+  if (unknown.find("no submodule 'nope' (its children: encoder, head)") == std::string::npos)
+    problems += "unknown: " + unknown + "; ";
+  const auto nested = error_with({"encoder", "encoder.0"}, TwoUnitNet());
+  if (nested.find("'encoder.0' lies inside 'encoder'") == std::string::npos) problems += "nested: " + nested + "; ";
+  return exit_code(problems);
+}
+
+class ShardedListedUnits : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShardedListedUnits, AnyModelsListedUnitsAreGatheredByUnitForwardAndTrainAsDataParallel) {
+  auto job = run_job("zero3_listed_units", {.world_size = GetParam()});
+  ASSERT_EQ(job.exit_code, 0) << job.logs();
+}
+INSTANTIATE_TEST_SUITE_P(Ranks, ShardedListedUnits, ::testing::Values(2, 3));
+
+// unit_forward outside any sharded model is the plain call, and costs one atomic load.
+TEST(UnitForward, IsThePlainCallWithoutAStage3Model) {
+  torch::manual_seed(1);
+  torch::nn::Linear linear(3, 2);
+  const auto x = torch::randn({4, 3});
+  EXPECT_TRUE(torch::equal(accelerate::unit_forward(linear, x), linear(x)));
+  EXPECT_TRUE(torch::equal(accelerate::unit_forward(*linear, x), linear->forward(x)));
+}
+
 // Stage 3 with the other policies: bf16 autocast, ClipValue, and Adagrad, whose state is made
 // in its constructor and sliced at prepare (from the shapes the reducer keeps: the parameters
 // are already released then). The same run as data parallel, up to reduction order.

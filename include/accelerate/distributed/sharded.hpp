@@ -34,6 +34,7 @@
 #include <accelerate/distributed/engine.hpp>
 #include <accelerate/distributed/process_group.hpp>
 #include <accelerate/distributed/reducer.hpp>
+#include <accelerate/distributed/units.hpp>
 #include <accelerate/options.hpp>
 #include <accelerate/policy/backend.hpp>
 
@@ -49,11 +50,14 @@ inline bool steps_elementwise(const torch::optim::Optimizer& optimizer) {
 
 /// A stage-3 model's synchronisation: data parallel's (ReducerHandle) and the forward pass,
 /// which gathers each unit's parameters just before it runs and releases them after.
-/// LibTorch modules have no forward hooks, so the units are what the prepared model itself
-/// calls: the children of a torch::nn::Sequential, run one by one (unit k+1's all-gather is
-/// started before unit k computes; backward regathers unit k from a hook on its output, while
-/// unit k-1's is prefetched, and frees it once its gradients are in), or else the whole model,
-/// gathered before its forward and released when backward has used it.
+/// LibTorch modules have no forward hooks, so the units are what can be called through us:
+/// the submodules listed in DdpOptions::shard_units, which the model's forward runs through
+/// accelerate::unit_forward (distributed/units.hpp), the rest of the model being gathered for
+/// the whole forward; without a list, the children of a torch::nn::Sequential, run one by one
+/// by the prepared model (unit k+1's all-gather is started before unit k computes; backward
+/// regathers unit k from a hook on its output, while unit k-1's is prefetched, and frees it
+/// once its gradients are in); or else the whole model, gathered before its forward and
+/// released when backward has used it.
 /// Example (each Linear is a unit):
 ///   auto [model, opt] = acc.prepare(torch::nn::Sequential(torch::nn::Linear(784, 4096), ...), adamw);
 class ShardedModelSync : public ReducerHandle {
@@ -66,6 +70,7 @@ class ShardedModelSync : public ReducerHandle {
   decltype(auto) forward(Module& module, Args&&... args) {
     GradientReducer* reducer = this->reducer();
     if (reducer == nullptr) return module.forward(std::forward<Args>(args)...);
+    if (!listed_.empty()) return listed_forward(module, std::forward<Args>(args)...);
     if constexpr (std::is_same_v<Module, torch::nn::SequentialImpl>) {
       if (reducer->unit_count() > 1 && !module.is_empty())
         return sequential_forward(module, std::forward<Args>(args)...);
@@ -77,7 +82,30 @@ class ShardedModelSync : public ReducerHandle {
     return output;
   }
 
+  /// DdpOptions::shard_units: the units unit_forward gathers (the rest is gathered here).
+  void use_listed_units(std::vector<std::string> names) { listed_ = std::move(names); }
+
  private:
+  // The listed units are gathered by unit_forward; the parameters outside them (the reducer's
+  // last unit) for the whole forward. A listed unit called directly sees its released, empty
+  // parameters, and the failing op's error says so.
+  template <class Module, class... Args>
+  decltype(auto) listed_forward(Module& module, Args&&... args) {
+    GradientReducer* reducer = this->reducer();
+    reducer->gather_unit(reducer->unit_count() - 1);
+    try {
+      decltype(auto) output = module.forward(std::forward<Args>(args)...);
+      if (!torch::autograd::GradMode::is_enabled()) reducer->release_units();  // no backward to come
+      return output;
+    } catch (const c10::Error& e) {
+      std::string units;
+      for (const auto& name : listed_) units += (units.empty() ? "" : ", ") + name;
+      accelerate::detail::fail(e.what_without_backtrace(), "\n(stage 3: the parameters of the units ", units,
+                               " are gathered only inside accelerate::unit_forward(child, ...); a model's forward "
+                               "calling one of them directly finds them empty)");
+    }
+  }
+
   template <class... Args>
   at::Tensor sequential_forward(torch::nn::SequentialImpl& sequential, Args&&... args) {
     const std::shared_ptr<GradientReducer>& reducer = shared_reducer();
@@ -118,6 +146,8 @@ class ShardedModelSync : public ReducerHandle {
     }
     return reducer.unit_count();
   }
+
+  std::vector<std::string> listed_;  // DdpOptions::shard_units
 };
 
 /// ZeRO stage `Stage` (1: optimizer state, 2: and gradients, 3: and parameters) over
@@ -144,8 +174,11 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
                             const AcceleratorOptions& options) {
     constexpr Sharding sharding =
         Stage == 1 ? Sharding::optimizer_state : Stage == 2 ? Sharding::gradients : Sharding::parameters;
-    std::vector<std::string> units;  // stage 3: a Sequential's children, else the whole model
-    if (Stage == 3 && dynamic_cast<torch::nn::SequentialImpl*>(&module) != nullptr)
+    // Stage 3's units: those listed, else a Sequential's children, else the whole model.
+    const std::vector<std::string>& listed = Stage == 3 ? options.ddp.shard_units : std::vector<std::string>{};
+    std::vector<std::string> units = listed;
+    const auto unit_modules = listed_units(module, listed);
+    if (Stage == 3 && listed.empty() && dynamic_cast<torch::nn::SequentialImpl*>(&module) != nullptr)
       for (const auto& child : module.named_children()) units.push_back(child.key());
     ReducerHandle handle = Base::make_model_sync(module, name, options, sharding, std::move(units));
     if (!handle.shared_reducer()) {  // one process: each parameter is its own whole shard
@@ -164,12 +197,50 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
         slices_.insert(pieces[k].unsafeGetTensorImpl());
       }
     }
-    return ModelSync(std::move(handle));
+    ModelSync sync(std::move(handle));
+    if constexpr (Stage == 3) {
+      if (!listed.empty() && sync.shared_reducer()) {
+        for (std::size_t u = 0; u < listed.size(); ++u)
+          UnitBindings::instance().bind(unit_modules[u],
+                                        {sync.shared_reducer(), u, u + 1 < listed.size() ? std::optional(u + 1) : std::nullopt,
+                                         u > 0 ? std::optional(u - 1) : std::nullopt});
+        sync.use_listed_units(listed);
+      }
+    }
+    return sync;
+  }
+
+  /// The modules DdpOptions::shard_units names, checked: each a submodule of `module`, listed
+  /// once, none inside another.
+  static std::vector<const torch::nn::Module*> listed_units(const torch::nn::Module& module,
+                                                            const std::vector<std::string>& listed) {
+    std::vector<const torch::nn::Module*> found;
+    if (listed.empty()) return found;
+    std::map<std::string, const torch::nn::Module*> submodules;
+    for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/false))
+      submodules.emplace(item.key(), item.value().get());
+    for (std::size_t u = 0; u < listed.size(); ++u) {
+      const auto it = submodules.find(listed[u]);
+      if (it == submodules.end()) {
+        std::string children;
+        for (const auto& child : module.named_children()) children += (children.empty() ? "" : ", ") + child.key();
+        accelerate::detail::fail("ddp.shard_units: the model has no submodule '", listed[u], "' (its children: ",
+                                 children.empty() ? std::string("none") : children, ")");
+      }
+      for (std::size_t v = 0; v < listed.size(); ++v) {
+        ACCELERATE_CHECK(v == u || listed[v] != listed[u], "ddp.shard_units: '", listed[u], "' is listed twice");
+        ACCELERATE_CHECK(v == u || listed[u].rfind(listed[v] + ".", 0) != 0, "ddp.shard_units: '", listed[u],
+                         "' lies inside '", listed[v], "'; units must not overlap");
+      }
+      found.push_back(it->second);
+    }
+    return found;
   }
 
   /// free_memory(): forgets every prepared model and optimizer. Their prepared objects must not
   /// be used afterwards (the shards they step are no longer known here).
   void release_prepared() {
+    for (const auto& entry : models_) UnitBindings::instance().unbind(entry.reducer.get());
     models_.clear();
     model_of_.clear();
     owners_.clear();
