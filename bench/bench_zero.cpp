@@ -3,8 +3,11 @@
 // steps — parameters (stage 3: its slices), gradients (distinct storages behind the model's and
 // the optimizer's .grad), optimizer state — its peak RSS (which also holds the reducer's bucket
 // buffers and stage 3's gathered units), and the communication time per step, all of it and
-// the part the training thread waited for; it prints one JSON line.
+// the part the training thread waited for; with --save-model, what save_model (shards of 100 MB)
+// adds to the rank's resident memory at its peak, and what gathering the whole model
+// (get_state_dict, as stage 3's save_model did before it streamed) adds; it prints one JSON line.
 //   bench_zero --nproc W --backend ddp|zero1|zero2|zero3 [--params-millions 100] [--steps 4]
+//              [--save-model DIR]
 // bench/zero.sh runs the variants in rotation and writes the table in bench/README.md.
 #include <accelerate/accelerate.hpp>
 #include <accelerate/distributed/sharded.hpp>
@@ -12,6 +15,8 @@
 #include <torch/torch.h>
 
 #include <sys/resource.h>
+
+#include <fstream>
 
 #include <algorithm>
 #include <chrono>
@@ -30,7 +35,26 @@ struct Args {
   std::string backend = "ddp";
   double params_millions = 100;
   int steps = 4;
+  std::string save_model;  // a folder: measure save_model's memory
 };
+
+// A line of /proc/self/status ("VmRSS:", "VmHWM:") in bytes.
+std::int64_t status_bytes(const std::string& key) {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size())) * 1024;
+  return -1;
+}
+
+// What running `fn` added to resident memory at its peak: the high-water mark is reset first
+// (Linux: "5" to /proc/self/clear_refs). Resets getrusage's maxrss too: read that before.
+template <class Fn>
+std::int64_t peak_added_by(Fn&& fn) {
+  std::ofstream("/proc/self/clear_refs") << "5";
+  const auto before = status_bytes("VmRSS:");
+  fn();
+  return status_bytes("VmHWM:") - before;
+}
 
 // Square layers whose parameters add up to about the requested count.
 torch::nn::Sequential make_model(double millions) {
@@ -119,6 +143,11 @@ int run(const Args& a) {
                          {"comm_ms_per_step", 1e3 * comm_time.busy_seconds / std::max(1, a.steps - 1)},
                          {"exposed_comm_ms_per_step", 1e3 * comm_time.exposed_seconds / std::max(1, a.steps - 1)},
                          {"peak_rss_bytes", static_cast<std::uint64_t>(usage.ru_maxrss) * 1024}};
+  if (!a.save_model.empty()) {
+    line["save_model_added_bytes"] =
+        peak_added_by([&] { acc.save_model(model, a.save_model, {.max_shard_size = std::string("100MB")}); });
+    line["gather_whole_added_bytes"] = peak_added_by([&] { (void)acc.get_state_dict(model); });
+  }
   std::cout << line.dump() << std::endl;
   return 0;
 }
@@ -132,6 +161,7 @@ int main(int argc, char** argv) {
       if (std::strcmp(argv[i], "--backend") == 0) a.backend = argv[i + 1];
       else if (std::strcmp(argv[i], "--params-millions") == 0) a.params_millions = std::stod(argv[i + 1]);
       else if (std::strcmp(argv[i], "--steps") == 0) a.steps = std::stoi(argv[i + 1]);
+      else if (std::strcmp(argv[i], "--save-model") == 0) a.save_model = argv[i + 1];
     }
     if (a.backend == "zero1") return run<accelerate::Zero<accelerate::Gloo, 1>>(a);
     if (a.backend == "zero2") return run<accelerate::Zero<accelerate::Gloo, 2>>(a);

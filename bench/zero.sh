@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Data parallel against ZeRO stages 1, 2 and 3 on Gloo: model-state bytes per rank counted from
 # the tensors against the ZeRO formula, peak RSS, bytes communicated per step, communication
-# time per step (all of it, and the part the training thread waited for) and step time, for a
+# time per step (all of it, and the part the training thread waited for), step time, and what
+# save_model (100 MB shards) and gathering the whole model add to a rank's peak memory, for a
 # ~100M-parameter MLP with AdamW on 2 and 4 ranks. The three backends run one after another,
 # round after round; memory and bytes are the same every round, times are the median over
 # rounds of each run's median step.
@@ -16,10 +17,13 @@ out="bench/results/zero.jsonl"
 mkdir -p bench/results
 : > "$out"
 export OMP_NUM_THREADS=1
+saved="$(mktemp -d)"
+trap 'rm -rf "$saved"' EXIT
 for world in 2 4; do
   for round in $(seq "$rounds"); do
     for backend in ddp zero1 zero2 zero3; do
       "$build/bench/bench_zero" --nproc "$world" --backend "$backend" --params-millions "$millions" --steps 4 \
+        --save-model "$saved/$backend" \
         | grep '^{' | sed "s/}\$/,\"round\":$round}/" >> "$out"
     done
   done
@@ -27,8 +31,8 @@ done
 .venv/bin/python - "$out" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print("| ranks | backend | parameters | params MB | grads MB | optimizer MB | model state MB | ZeRO formula MB | state / formula | peak RSS MB | MB sent per step | comm ms per step | of which exposed | ms per step |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| ranks | backend | parameters | params MB | grads MB | optimizer MB | model state MB | ZeRO formula MB | state / formula | peak RSS MB | MB sent per step | comm ms per step | of which exposed | ms per step | save_model adds MB (rank 0 / others) | whole-model gather adds MB |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for world in sorted({r["world_size"] for r in rows}):
     for backend in ("ddp", "zero1", "zero2", "zero3"):
         mine = [r for r in rows if r["world_size"] == world and r["backend"] == backend]
@@ -49,5 +53,8 @@ for world in sorted({r["world_size"] for r in rows}):
         mb = lambda b: f"{b / 1e6:.0f}"
         print(f"| {world} | {backend} | {psi / 1e6:.1f}M | {mb(worst['param_bytes'])} | {mb(worst['grad_bytes'])} | "
               f"{mb(worst['optimizer_bytes'])} | {mb(state)} | {mb(formula)} | {state / formula:.3f} | {mb(rss)} | "
-              f"{mb(sent)} | {comm:.0f} | {exposed:.0f} | {ms:.0f} |")
+              f"{mb(sent)} | {comm:.0f} | {exposed:.0f} | {ms:.0f} | "
+              f"{mb(max(r['save_model_added_bytes'] for r in rank0))} / "
+              f"{mb(max([r['save_model_added_bytes'] for r in mine if r['rank'] > 0] or [0]))} | "
+              f"{mb(max(r['gather_whole_added_bytes'] for r in mine))} |")
 EOF
