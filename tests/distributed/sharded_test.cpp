@@ -297,6 +297,30 @@ TEST_P(ShardedCheckpoint, ResumesInANewJobExactly) {
 }
 INSTANTIATE_TEST_SUITE_P(Stages, ShardedCheckpoint, ::testing::Values("stage1", "stage2", "stage3"));
 
+// The micro-steps of the unit tests: the shared batches, accumulation from the options.
+template <class Acc, class Model, class Optimizer>
+void train_micro_steps(Acc& acc, Model& model, Optimizer& opt, int micro_steps) {
+  for (int micro = 0; micro < micro_steps; ++micro) {
+    auto scope = acc.accumulate(model);
+    auto [x, y] = batch(micro, acc.process_index(), acc.num_processes());
+    acc.backward(torch::mse_loss(model(x), y));
+    opt.step();
+    opt.zero_grad();
+  }
+}
+
+// Stage 3: an evaluation forward (no backward to come) gathers and releases every unit.
+template <class Acc, class Model>
+std::string evaluation_problems(Acc& acc, Model& model, const torch::nn::Module& net) {
+  {
+    torch::NoGradGuard no_grad;
+    (void)model(batch(0, acc.process_index(), acc.num_processes()).first);
+  }
+  for (const auto& p : net.parameters())
+    if (p.numel() != 0) return "a parameter stayed gathered after an evaluation; ";
+  return "";
+}
+
 // --- stage 3 unit by unit: a Sequential's children gathered around their forward and backward --
 
 // Sits between two Linears of a Sequential and records, each time it runs, how many elements
@@ -325,13 +349,7 @@ std::string train_sequential(torch::Tensor& result, const std::string& tag) {
   auto [model, opt] = acc.prepare(net, optimizer);
   std::string problems;
   const int micro_steps = 2 * 6;
-  for (int micro = 0; micro < micro_steps; ++micro) {
-    auto scope = acc.accumulate(model);
-    auto [x, y] = batch(micro, acc.process_index(), acc.num_processes());
-    acc.backward(torch::mse_loss(model(x), y));
-    opt.step();
-    opt.zero_grad();
-  }
+  train_micro_steps(acc, model, opt, micro_steps);
   if constexpr (!std::is_same_v<Backend, accelerate::Gloo>) {
     // While the probe ran, units 0 and 2 were released (unit 4's all-gather was in flight).
     if (probe->calls != micro_steps || probe->seen_first != 0 || probe->seen_previous != 0)
@@ -343,12 +361,7 @@ std::string train_sequential(torch::Tensor& result, const std::string& tag) {
     if (stats.allgather.calls != 5 * micro_steps)
       problems += std::to_string(stats.allgather.calls) + " all-gathers, expected " + std::to_string(5 * micro_steps) + "; ";
     // Evaluation: gathered and released unit by unit, no backward to come.
-    {
-      torch::NoGradGuard no_grad;
-      (void)model(batch(0, acc.process_index(), acc.num_processes()).first);
-    }
-    for (const auto& p : net->parameters())
-      if (p.numel() != 0) problems += "a parameter stayed gathered after an evaluation; ";
+    problems += evaluation_problems(acc, model, *net);
     // The model state one rank holds: its slices of each unit's (padded) parameters.
     const auto estimate = accelerate::estimate_memory(acc, model, opt);
     const std::int64_t world = acc.num_processes();
@@ -428,13 +441,7 @@ std::string train_listed_units(torch::Tensor& result) {
   auto [model, opt] = acc.prepare(net, optimizer);
   std::string problems;
   const int micro_steps = 2 * 6;
-  for (int micro = 0; micro < micro_steps; ++micro) {
-    auto scope = acc.accumulate(model);
-    auto [x, y] = batch(micro, acc.process_index(), acc.num_processes());
-    acc.backward(torch::mse_loss(model(x), y));
-    opt.step();
-    opt.zero_grad();
-  }
+  train_micro_steps(acc, model, opt, micro_steps);
   if constexpr (!std::is_same_v<Backend, accelerate::Gloo>) {
     // Between the two units the encoder was released; the model's own parameter was whole.
     if (net->seen_encoder_after != 0 || net->seen_scale != kOut)
@@ -445,12 +452,7 @@ std::string train_listed_units(torch::Tensor& result) {
     const auto stats = acc.stats();
     if (stats.allgather.calls != 5 * micro_steps)
       problems += std::to_string(stats.allgather.calls) + " all-gathers, expected " + std::to_string(5 * micro_steps) + "; ";
-    {
-      torch::NoGradGuard no_grad;
-      (void)model(batch(0, acc.process_index(), acc.num_processes()).first);
-    }
-    for (const auto& p : net->parameters())
-      if (p.numel() != 0) problems += "a parameter stayed gathered after an evaluation; ";
+    problems += evaluation_problems(acc, model, *net);
   } else if (net->seen_encoder_after != kHidden * kIn) {
     problems += "unit_forward is not the plain call under data parallel; ";
   }
