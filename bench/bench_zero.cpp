@@ -7,7 +7,9 @@
 // adds to the rank's resident memory at its peak, and what gathering the whole model
 // (get_state_dict, as stage 3's save_model did before it streamed) adds; it prints one JSON line.
 //   bench_zero --nproc W --backend ddp|zero1|zero2|zero3 [--params-millions 100] [--steps 4]
-//              [--save-model DIR]
+//              [--save-model DIR] [--phases 1]
+// --phases 1: in the last step, what forward, backward and the optimizer step each add to the
+// resident memory at their peak, and the peak of everything before (prepare, earlier steps).
 // bench/zero.sh runs the variants in rotation and writes the table in bench/README.md.
 #include <accelerate/accelerate.hpp>
 #include <accelerate/distributed/sharded.hpp>
@@ -36,6 +38,7 @@ struct Args {
   double params_millions = 100;
   int steps = 4;
   std::string save_model;  // a folder: measure save_model's memory
+  bool phases = false;
 };
 
 // A line of /proc/self/status ("VmRSS:", "VmHWM:") in bytes.
@@ -101,10 +104,29 @@ int run(const Args& a) {
   std::uint64_t grads = 0, state = 0, comm_bytes = 0;
   std::vector<double> step_ms;
   accelerate::CommStats before = acc.stats();
+  nlohmann::json phases = nlohmann::json::object();
+  std::int64_t peak_seen = 0;  // --phases resets the high-water mark: the peak before each reset
+  std::int64_t phase_start = 0;
+  auto phase = [&](const char* name) {  // ends a phase of the measured step, starts the next
+    const auto peak = status_bytes("VmHWM:");
+    peak_seen = std::max(peak_seen, peak);
+    if (name != nullptr) phases[name] = peak - phase_start;
+    std::ofstream("/proc/self/clear_refs") << "5";
+    phase_start = status_bytes("VmRSS:");
+  };
   for (int step = 0; step < a.steps; ++step) {
     const auto x = torch::randn({8, width}), y = torch::randn({8, width});
+    const bool measured = a.phases && step == a.steps - 1;
+    if (measured) {
+      phases["peak_before_bytes"] = status_bytes("VmHWM:");
+      phase(nullptr);
+      phases["resident_between_steps_bytes"] = phase_start;
+    }
     const auto start = std::chrono::steady_clock::now();
-    acc.backward(torch::mse_loss(model(x), y));
+    auto output = model(x);
+    if (measured) phase("forward_added_bytes");
+    acc.backward(torch::mse_loss(output, y));
+    if (measured) phase("backward_added_bytes");
     if (step == a.steps - 1) {
       std::vector<at::Tensor> all;
       for (const auto& p : net->parameters()) all.push_back(p.grad());
@@ -113,6 +135,7 @@ int run(const Args& a) {
       grads = storage_bytes(all);
     }
     opt.step();
+    if (measured) phase("step_added_bytes");
     opt.zero_grad();
     step_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
     if (step == 0) before = acc.stats();  // per-step traffic from the second step on
@@ -142,7 +165,9 @@ int run(const Args& a) {
                          {"median_step_ms", step_ms[1 + (step_ms.size() - 1) / 2]},
                          {"comm_ms_per_step", 1e3 * comm_time.busy_seconds / std::max(1, a.steps - 1)},
                          {"exposed_comm_ms_per_step", 1e3 * comm_time.exposed_seconds / std::max(1, a.steps - 1)},
-                         {"peak_rss_bytes", static_cast<std::uint64_t>(usage.ru_maxrss) * 1024}};
+                         {"peak_rss_bytes", std::max<std::uint64_t>(static_cast<std::uint64_t>(usage.ru_maxrss) * 1024,
+                                                                     static_cast<std::uint64_t>(peak_seen))}};
+  if (a.phases) line["phases"] = phases;
   if (!a.save_model.empty()) {
     line["save_model_added_bytes"] =
         peak_added_by([&] { acc.save_model(model, a.save_model, {.max_shard_size = std::string("100MB")}); });
@@ -162,6 +187,7 @@ int main(int argc, char** argv) {
       else if (std::strcmp(argv[i], "--params-millions") == 0) a.params_millions = std::stod(argv[i + 1]);
       else if (std::strcmp(argv[i], "--steps") == 0) a.steps = std::stoi(argv[i + 1]);
       else if (std::strcmp(argv[i], "--save-model") == 0) a.save_model = argv[i + 1];
+      else if (std::strcmp(argv[i], "--phases") == 0) a.phases = std::string(argv[i + 1]) == "1";
     }
     if (a.backend == "zero1") return run<accelerate::Zero<accelerate::Gloo, 1>>(a);
     if (a.backend == "zero2") return run<accelerate::Zero<accelerate::Gloo, 2>>(a);
