@@ -297,6 +297,14 @@ TEST_P(ShardedCheckpoint, ResumesInANewJobExactly) {
 }
 INSTANTIATE_TEST_SUITE_P(Stages, ShardedCheckpoint, ::testing::Values("stage1", "stage2", "stage3"));
 
+// A problem when `sharded`'s parameters differ from data parallel's by more than `tolerance`.
+std::string differences(const std::string& what, const torch::Tensor& ddp, const torch::Tensor& sharded,
+                        double tolerance) {
+  const double difference = (ddp - sharded).abs().max().item<double>();
+  if (difference <= tolerance) return "";
+  return what + " differs from data parallel by " + std::to_string(difference) + "; ";
+}
+
 // The micro-steps of the unit tests: the shared batches, accumulation from the options.
 template <class Acc, class Model, class Optimizer>
 void train_micro_steps(Acc& acc, Model& model, Optimizer& opt, int micro_steps) {
@@ -389,8 +397,7 @@ ACCELERATE_WORKER(zero3_sequential) {
   torch::Tensor ddp, zero3;
   std::string problems = train_sequential<accelerate::Gloo>(ddp, "ddp") +
                          train_sequential<accelerate::Zero<accelerate::Gloo, 3>>(zero3, "zero3");
-  const double difference = (ddp - zero3).abs().max().item<double>();
-  if (!(difference <= 1e-6)) problems += "stage 3 differs from data parallel by " + std::to_string(difference) + "; ";
+  problems += differences("stage 3", ddp, zero3, 1e-6);
   return exit_code(problems);
 }
 
@@ -464,8 +471,7 @@ ACCELERATE_WORKER(zero3_listed_units) {
   torch::Tensor ddp, zero3;
   std::string problems = train_listed_units<accelerate::Gloo>(ddp) +
                          train_listed_units<accelerate::Zero<accelerate::Gloo, 3>>(zero3);
-  const double difference = (ddp - zero3).abs().max().item<double>();
-  if (!(difference <= 1e-6)) problems += "stage 3 differs from data parallel by " + std::to_string(difference) + "; ";
+  problems += differences("stage 3", ddp, zero3, 1e-6);
 
   // A listed unit called directly, names that are not submodules, units inside units.
   auto error_with = [](std::vector<std::string> units, auto net) {
@@ -533,8 +539,7 @@ ACCELERATE_WORKER(zero3_policies) {
   std::string problems;
   const auto ddp = train_with_policies<accelerate::Gloo>(problems);
   const auto zero3 = train_with_policies<accelerate::Zero<accelerate::Gloo, 3>>(problems);
-  const double difference = (ddp - zero3).abs().max().template item<double>();
-  if (!(difference <= 1e-5)) problems += "stage 3 with bf16 differs from data parallel by " + std::to_string(difference) + "; ";
+  problems += differences("stage 3 with bf16", ddp, zero3, 1e-5);
   return exit_code(problems);
 }
 

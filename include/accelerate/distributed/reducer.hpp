@@ -588,24 +588,22 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
 
   // Each parameter's intersection with this rank's slice of its bucket.
   void build_shard_pieces() {
-    const int64_t rank = comm_->rank();
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       const Bucket& bucket = buckets_[b];
-      const int64_t length = bucket.padded / comm_->world_size();
-      const int64_t first = rank * length, last = first + length;
+      const int64_t first = comm_->rank() * (bucket.padded / comm_->world_size());
       for (std::size_t j = 0; j < bucket.params.size(); ++j) {
         const std::size_t index = bucket.params[j];
-        const int64_t begin = std::max(first, bucket.offsets[j]);
-        const int64_t end = std::min(last, bucket.offsets[j] + numel_[index]);
-        if (begin >= end) continue;
-        pieces_.push_back({index, b, begin - bucket.offsets[j], end - begin, begin - first});
+        const auto [begin, end] = held_by(index, comm_->rank());
+        if (begin == end) continue;
+        const int64_t shard_offset = bucket.offsets[j] + begin - first;
+        pieces_.push_back({index, b, begin, end - begin, shard_offset});
         // Stage 3: a view of the slice this rank keeps; else of the parameter itself.
-        piece_tensors_.push_back(shards_parameters()
-                                     ? bucket.param_shard.narrow(0, begin - first, end - begin)
-                                     : params_[index].detach().view(-1).narrow(0, begin - bucket.offsets[j], end - begin));
+        piece_tensors_.push_back(shards_parameters() ? bucket.param_shard.narrow(0, shard_offset, end - begin)
+                                                     : params_[index].detach().view(-1).narrow(0, begin, end - begin));
       }
     }
   }
+
 
   void on_ready(std::size_t index) {
     if (shards_parameters()) unit_progress(index);
