@@ -454,6 +454,18 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     for (std::size_t u = 0; u < units_.size(); ++u) release_unit(u);
   }
 
+  /// Hooks `output` (what `unit` computed in forward) so that `unit` is gathered again just
+  /// before its backward, when the gradient of its output is known, and the all-gather of
+  /// `previous` (the unit whose backward comes next; unit_count() for none) is started.
+  void regather_in_backward(const at::Tensor& output, std::size_t unit, std::size_t previous) {
+    output.register_hook([weak = weak_from_this(), unit, previous](const at::Tensor&) {
+      if (auto held = weak.lock()) {
+        held->gather_unit(unit);
+        held->prefetch_unit(previous);
+      }
+    });
+  }
+
  private:
   struct Bucket {
     std::vector<std::size_t> params;

@@ -128,13 +128,7 @@ class ShardedModelSync : public ReducerHandle {
       }
       at::Tensor* output = value->try_get<at::Tensor>();
       if (backward && reducer->unit_has_parameters(unit) && output != nullptr && output->requires_grad()) {
-        // Runs when the gradient of this unit's output is known: just before its backward.
-        output->register_hook([weak = std::weak_ptr<GradientReducer>(reducer), unit](const at::Tensor&) {
-          if (auto held = weak.lock()) {
-            held->gather_unit(unit);
-            held->prefetch_unit(next_with_parameters(*held, unit, -1));
-          }
-        });
+        reducer->regather_in_backward(*output, unit, next_with_parameters(*reducer, unit, -1));
       }
       // The last unit's backward comes first: it stays gathered for it.
       if (!backward || unit + 1 < units) reducer->release_unit(unit);

@@ -113,16 +113,8 @@ decltype(auto) unit_forward(Child& child, Args&&... args) {
   Output output = call();
   const bool backward = torch::autograd::GradMode::is_enabled();
   if constexpr (std::is_same_v<std::decay_t<Output>, at::Tensor>) {
-    if (backward && output.requires_grad()) {
-      // Runs when the gradient of the unit's output is known: just before the unit's backward.
-      output.register_hook([weak = std::weak_ptr<GradientReducer>(reducer), unit = binding.unit,
-                            previous = binding.previous](const at::Tensor&) {
-        if (auto held = weak.lock()) {
-          held->gather_unit(unit);
-          if (previous) held->prefetch_unit(*previous);
-        }
-      });
-    }
+    if (backward && output.requires_grad())
+      reducer->regather_in_backward(output, binding.unit, binding.previous.value_or(reducer->unit_count()));
     reducer->release_unit(binding.unit);
   } else if (!backward) {
     reducer->release_unit(binding.unit);
