@@ -69,6 +69,24 @@ TEST(Safetensors, SizesParseLikeAccelerate) {
   EXPECT_EQ(ckpt::parse_size("123"), 123u);
   EXPECT_NE(error_of([] { ckpt::parse_size("1 GBs"); }).find("unknown unit 'GBs'"), std::string::npos);
   EXPECT_NE(error_of([] { ckpt::parse_size("lots"); }).find("'lots' is not a size"), std::string::npos);
+  // Spaces around the number and the unit, as Accelerate's strings allow.
+  EXPECT_EQ(ckpt::parse_size(" 1.5 GB "), 1'500'000'000u);
+  EXPECT_EQ(ckpt::parse_size("7 b"), 7u);
+  EXPECT_EQ(ckpt::parse_size("10\tMiB"), 10u * 1048576u);
+  for (const char* malformed : {"1.", ".5GB", "1e3", "1 2MB", "-1GB", "1,5GB", "GB", "", "1GB!"})
+    EXPECT_NE(error_of([&] { ckpt::parse_size(malformed); }).find("is not a size"), std::string::npos) << malformed;
+  EXPECT_NE(error_of([] { ckpt::parse_size("0"); }).find("out of range"), std::string::npos);
+  EXPECT_NE(error_of([] { ckpt::parse_size("20000000TB"); }).find("out of range"), std::string::npos);
+}
+
+TEST(SaveModel, ItsFileNamesAreRecognisedAndNoOthers) {
+  for (const char* name : {"model.safetensors", "model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                           "model-12345-of-99999.safetensors"})
+    EXPECT_TRUE(ckpt::is_model_file(name)) << name;
+  for (const char* name : {"model-0001-of-00002.safetensors", "model-00001-of-00002.safetensors.tmp",
+                           "model-0000a-of-00002.safetensors", "xmodel-00001-of-00002.safetensors",
+                           "model-00001_of-00002.safetensors", "optimizer.safetensors", "model.bin", ""})
+    EXPECT_FALSE(ckpt::is_model_file(name)) << name;
 }
 
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -11,10 +12,10 @@
 #include <map>
 #include <optional>
 #include <random>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -48,20 +49,40 @@ namespace checkpoint {
 /// Bytes of a size such as "1GB" (10^9), "500MB", "2.5KB", "4GiB" (2^32) or "1234";
 /// units are case-insensitive. Anything else is an error naming the text.
 inline std::uint64_t parse_size(const std::string& text) {
-  static const std::regex pattern(R"(^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$)");
-  std::smatch m;
-  ACCELERATE_CHECK(std::regex_match(text, m, pattern), "max_shard_size: '", text,
+  // Read by hand, not by std::regex: <regex> alone cost every trainer's translation unit about
+  // 55 KB of object code (bench/README.md, compile cost).
+  const auto in = [&](std::size_t i, char low, char high) { return i < text.size() && text[i] >= low && text[i] <= high; };
+  const auto space = [&](std::size_t i) { return i < text.size() && std::isspace(static_cast<unsigned char>(text[i])); };
+  std::size_t i = 0;
+  while (space(i)) ++i;
+  const std::size_t number_begin = i;
+  while (in(i, '0', '9')) ++i;
+  bool shaped = i > number_begin;
+  if (shaped && i < text.size() && text[i] == '.') {
+    const std::size_t fraction = ++i;
+    while (in(i, '0', '9')) ++i;
+    shaped = i > fraction;
+  }
+  const std::size_t number_end = i;
+  while (space(i)) ++i;
+  const std::size_t unit_begin = i;
+  while (in(i, 'a', 'z') || in(i, 'A', 'Z')) ++i;
+  std::string unit = text.substr(unit_begin, i - unit_begin);
+  while (space(i)) ++i;
+  ACCELERATE_CHECK(shaped && i == text.size(), "max_shard_size: '", text,
                    "' is not a size such as \"1GB\", \"500MB\" or a byte count");
-  std::string unit = m[2].str();
+  const std::string spelled = unit;
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   static const std::map<std::string, double> units = {
       {"", 1},       {"B", 1},           {"KB", 1e3},          {"MB", 1e6},          {"GB", 1e9},
       {"TB", 1e12},  {"KIB", 1024.0},    {"MIB", 1048576.0},   {"GIB", 1073741824.0},
       {"TIB", 1099511627776.0}};
   const auto it = units.find(unit);
-  ACCELERATE_CHECK(it != units.end(), "max_shard_size: unknown unit '", m[2].str(), "' in '", text,
+  ACCELERATE_CHECK(it != units.end(), "max_shard_size: unknown unit '", spelled, "' in '", text,
                    "' (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)");
-  const double bytes = std::stod(m[1].str()) * it->second;
+  double number = 0;  // from_chars: the decimal point is '.' whatever the C locale says
+  std::from_chars(text.data() + number_begin, text.data() + number_end, number);
+  const double bytes = number * it->second;
   ACCELERATE_CHECK(bytes >= 1 && bytes < 1.8e19, "max_shard_size: '", text, "' is out of range");
   return static_cast<std::uint64_t>(bytes);
 }
@@ -153,8 +174,12 @@ inline std::string shard_file_name(std::size_t index, std::size_t count) {
 /// Whether `name` is a file save_model writes (and so replaces): model.safetensors, its index,
 /// or a shard "model-NNNNN-of-NNNNN.safetensors".
 inline bool is_model_file(const std::string& name) {
-  static const std::regex shard(R"(^model-[0-9]{5}-of-[0-9]{5}\.safetensors$)");
-  return name == "model.safetensors" || name == "model.safetensors.index.json" || std::regex_match(name, shard);
+  if (name == "model.safetensors" || name == "model.safetensors.index.json") return true;
+  const std::string_view pattern = "model-#####-of-#####.safetensors";  // '#': a digit
+  if (name.size() != pattern.size()) return false;
+  for (std::size_t i = 0; i < name.size(); ++i)
+    if (pattern[i] == '#' ? !std::isdigit(static_cast<unsigned char>(name[i])) : name[i] != pattern[i]) return false;
+  return true;
 }
 
 /// The metadata key tying the shards of one save to its index.
