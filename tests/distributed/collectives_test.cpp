@@ -206,6 +206,55 @@ ACCELERATE_WORKER(collectives) {
   return 0;
 }
 
+// broadcast_flat (prepare's broadcast of the model): rank 0's values reach every rank, in
+// pieces of at most the given bytes per dtype, a contiguous tensor alone without a copy.
+ACCELERATE_WORKER(broadcast_flat_pieces) {
+  Acc acc{{.process_group = {.timeout = 60s}}};
+  const int rank = acc.process_index();
+  auto& comm = *acc.engine().communicator();
+  // Rank r's tensor k holds 100 * r + k + its element index, so rank 0's are known everywhere.
+  auto make = [&] {
+    const double r = 100.0 * rank;
+    return std::vector<at::Tensor>{
+        torch::arange(10, torch::kFloat) + r,                       // 40 B
+        torch::arange(10, torch::kFloat) + r + 1,                   // 40 B
+        torch::arange(20, torch::kFloat) + r + 2,                   // 80 B
+        (torch::arange(20, torch::kFloat) + r + 3).view({4, 5}).t(),  // 80 B, not contiguous
+        torch::zeros({0}, torch::kFloat),                           // nothing
+        torch::arange(50, torch::kFloat) + r + 5,                   // 200 B
+        torch::arange(3, torch::kDouble) + r + 6};                  // 24 B, another dtype
+  };
+  const std::vector<at::Tensor> rank0 = {
+      torch::arange(10, torch::kFloat),     torch::arange(10, torch::kFloat) + 1,
+      torch::arange(20, torch::kFloat) + 2, (torch::arange(20, torch::kFloat) + 3).view({4, 5}).t(),
+      torch::zeros({0}, torch::kFloat),     torch::arange(50, torch::kFloat) + 5,
+      torch::arange(3, torch::kDouble) + 6};
+  // Float pieces of at most 100 bytes: {0, 1}, {2}, {3}, {5}; then the double {6}.
+  for (const auto& [piece_bytes, calls] : std::vector<std::pair<std::size_t, std::int64_t>>{{100, 5}, {64u << 20, 2}}) {
+    auto tensors = make();
+    const auto before = acc.stats().broadcast.calls;
+    accelerate::distributed::broadcast_flat(comm, tensors, 0, piece_bytes);
+    const auto sent = acc.stats().broadcast.calls - before;
+    if (sent != calls) {
+      std::cerr << "pieces of " << piece_bytes << " B: " << sent << " broadcasts, expected " << calls << std::endl;
+      return 1;
+    }
+    for (std::size_t k = 0; k < tensors.size(); ++k)
+      if (!torch::equal(tensors[k], rank0[k])) {
+        std::cerr << "pieces of " << piece_bytes << " B: tensor " << k << " differs from rank 0's" << std::endl;
+        return 2;
+      }
+  }
+  return 0;
+}
+
+TEST(Collectives, BroadcastFlatSendsRankZerosValuesInBoundedPieces) {
+  for (int world : {2, 3}) {
+    auto job = run_job("broadcast_flat_pieces", {.world_size = world});
+    EXPECT_EQ(job.exit_code, 0) << "world " << world << "\n" << job.logs();
+  }
+}
+
 TEST(Collectives, WorkOnTensorsAndNestedContainers) {
   for (int world : {2, 3}) {
     auto job = run_job("collectives", {.world_size = world});

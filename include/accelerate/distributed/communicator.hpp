@@ -336,21 +336,46 @@ class Communicator {
   std::int64_t verified_calls_ = 0;
 };
 
-/// Broadcasts `tensors` from `root` in place: one flat broadcast per dtype.
-inline void broadcast_flat(Communicator& comm, const std::vector<at::Tensor>& tensors, int root) {
+/// Broadcasts `tensors` from `root` in place, in flat pieces of at most `piece_bytes` per dtype
+/// (a contiguous tensor as large as that goes alone, without a copy). Pieces, not one flat copy
+/// of everything: at prepare that copy was a second model at once (bench/README.md, "Where a
+/// rank's memory goes"). Every rank must pass the same shapes and dtypes.
+inline void broadcast_flat(Communicator& comm, const std::vector<at::Tensor>& tensors, int root,
+                           std::size_t piece_bytes = std::size_t{64} << 20) {
   torch::NoGradGuard no_grad;
   std::map<int, std::vector<at::Tensor>> by_dtype;
   for (const auto& t : tensors) by_dtype[static_cast<int>(t.scalar_type())].push_back(t);
-  for (auto& [dtype, group] : by_dtype) {
+  auto send = [&](const std::vector<at::Tensor>& piece) {
+    if (piece.size() == 1 && piece.front().is_contiguous()) {
+      at::Tensor whole = piece.front().detach();
+      comm.broadcast(whole, root);
+      return;
+    }
     std::vector<at::Tensor> flat_parts;
-    for (auto& t : group) flat_parts.push_back(t.detach().reshape(-1));
+    for (const auto& t : piece) flat_parts.push_back(t.detach().reshape(-1));
     at::Tensor flat = at::cat(flat_parts);
     comm.broadcast(flat, root);
     int64_t offset = 0;
-    for (auto& t : group) {
+    for (const auto& t : piece) {
       t.detach().copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
       offset += t.numel();
     }
+  };
+  for (auto& [dtype, group] : by_dtype) {
+    std::vector<at::Tensor> piece;
+    std::size_t bytes = 0;
+    for (const auto& t : group) {
+      if (t.numel() == 0) continue;  // nothing to receive
+      const auto size = static_cast<std::size_t>(t.numel()) * t.element_size();
+      if (!piece.empty() && bytes + size > piece_bytes) {
+        send(piece);
+        piece.clear();
+        bytes = 0;
+      }
+      piece.push_back(t);
+      bytes += size;
+    }
+    if (!piece.empty()) send(piece);
   }
 }
 
