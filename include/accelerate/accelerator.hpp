@@ -168,7 +168,10 @@ class Accelerator {
       ACCELERATE_CHECK(ctx_.core.device.is_cuda(), "Accelerator<", backend_policy::name,
                        ">: needs a CUDA device, but none is visible");
     }
-    if (options.retain_freed_memory) detail::retain_freed_memory();
+    if (options.retain_freed_memory.value_or(detail::retains_freed_memory_by_default<backend_policy>))
+      detail::retain_freed_memory();
+    else
+      detail::return_freed_memory();
     if (options.seed) set_seed(*options.seed);
   }
 

@@ -233,10 +233,14 @@ struct AcceleratorOptions {
   bool cpu = false;
   /// When set, set_seed(seed) runs in the constructor: torch's CPU and CUDA generators.
   std::optional<std::uint64_t> seed;
-  /// Keep freed CPU buffers in the process heap instead of returning them to the system and
-  /// faulting them in again every step (glibc: mmap threshold 32 MB, trim threshold 128 MB,
-  /// for the whole process). False keeps the C library's defaults.
-  bool retain_freed_memory = true;
+  /// What happens to freed CPU buffers, for the whole process (glibc). True: kept in the heap
+  /// instead of returned to the system and faulted in again every step (mmap threshold 32 MB,
+  /// trim threshold 128 MB): faster steps. False: buffers of 4 MB and more go back to the
+  /// system when freed (mmap threshold fixed at 4 MB): the resident memory follows the memory
+  /// in use. Unset: the Backend policy's choice, true except under Zero<_, N>, whose point is
+  /// memory (stage 3, 40M parameters, 2 ranks: peak 1.24 GB -> 0.81 GB per rank, steps about
+  /// 1.4x slower on CPU; bench/README.md).
+  std::optional<bool> retain_freed_memory;
 
   // --- the training step ---
   /// Step prepared schedulers only when the optimizer really stepped (num_processes times, as

@@ -5,15 +5,21 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "../support/models.hpp"
 #include "../support/temp_dir.hpp"
@@ -41,6 +47,42 @@ TEST(Accelerator, ProcessHelpersRunOnTheProcessTheyName) {
 }
 
 // Accelerate's dict case: every value split at the same positions.
+#if defined(__GLIBC__)
+// Builds an Accelerator with `retain`, frees a 16 MB buffer, then exits with 0 when a fresh
+// 8 MB buffer is mmapped (glibc hands it back to the system when freed), 1 when it comes from
+// the heap (kept). The 16 MB buffer is what makes glibc's own default keep the 8 MB one: freeing
+// an mmapped buffer raises its mmap threshold to that buffer's size.
+[[noreturn]] void exit_with_where_an_8_mb_buffer_lives(std::optional<bool> retain) {
+  { accelerate::Accelerator<> acc{{.cpu = true, .retain_freed_memory = retain}}; }
+  void* (*volatile allocate)(std::size_t) = std::malloc;  // not elided with its free
+  std::free(allocate(16u << 20));
+  const std::size_t before = mallinfo2().hblkhd;
+  void* buffer = allocate(8u << 20);
+  const bool mmapped = mallinfo2().hblkhd >= before + (8u << 20);
+  std::free(buffer);
+  std::exit(mmapped ? 0 : 1);
+}
+#endif
+
+TEST(RetainFreedMemory, TrueKeepsBuffersInTheHeapFalseHandsThemBack) {
+#if defined(__GLIBC__)
+  // Each case in a fresh process: what earlier tests freed would serve the buffer from the heap.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(exit_with_where_an_8_mb_buffer_lives(std::nullopt), testing::ExitedWithCode(1), "")
+      << "one process, unset: kept";
+  EXPECT_EXIT(exit_with_where_an_8_mb_buffer_lives(true), testing::ExitedWithCode(1), "");
+  EXPECT_EXIT(exit_with_where_an_8_mb_buffer_lives(false), testing::ExitedWithCode(0), "");
+#else
+  GTEST_SKIP() << "the C library is not glibc: retain_freed_memory changes nothing";
+#endif
+}
+
+// Unset, the Backend policy decides: sharded backends hand freed buffers back.
+static_assert(accelerate::detail::retains_freed_memory_by_default<accelerate::SingleProcess>);
+static_assert(accelerate::detail::retains_freed_memory_by_default<accelerate::Gloo>);
+static_assert(!accelerate::detail::retains_freed_memory_by_default<accelerate::Zero<accelerate::Gloo, 1>>);
+static_assert(!accelerate::detail::retains_freed_memory_by_default<accelerate::Zero<accelerate::Nccl, 3>>);
+
 TEST(SplitBetweenProcesses, SplitsEveryValueOfAMapAlike) {
   const std::map<std::string, std::vector<int>> inputs{{"a", {1, 2, 3, 4, 5}}, {"b", {6, 7, 8, 9, 10}}};
   using accelerate::distributed::split_between_processes;

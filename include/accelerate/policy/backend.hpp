@@ -114,12 +114,24 @@ struct Zero {
   static constexpr std::string_view distributed_type = Transport::distributed_type;
   static constexpr bool is_distributed = true;
   static constexpr bool requires_cuda = Transport::requires_cuda;
+  /// AcceleratorOptions::retain_freed_memory unset: freed buffers go back to the system. Kept,
+  /// the units, buckets and gradients that come and go within a step stay resident: the
+  /// memory sharding saves would be spent again on them.
+  static constexpr bool retains_freed_memory = false;
 };
 
 namespace detail {
 
 template <class B>
 inline constexpr bool always_false = false;
+
+/// What AcceleratorOptions::retain_freed_memory means unset under Backend policy `B`: its
+/// `retains_freed_memory` if it states one, else true.
+template <class B>
+inline constexpr bool retains_freed_memory_by_default = [] {
+  if constexpr (requires { B::retains_freed_memory; }) return static_cast<bool>(B::retains_freed_memory);
+  else return true;
+}();
 
 /// The engine behind a Backend policy (a distributed::BackendEngine). SingleProcess's is in
 /// <accelerate/distributed/local_engine.hpp>; Gloo's and Nccl's in distributed/. The primary
