@@ -7,9 +7,10 @@
 // adds to the rank's resident memory at its peak, and what gathering the whole model
 // (get_state_dict, as stage 3's save_model did before it streamed) adds; it prints one JSON line.
 //   bench_zero --nproc W --backend ddp|zero1|zero2|zero3 [--params-millions 100] [--steps 4]
-//              [--save-model DIR] [--phases 1]
+//              [--save-model DIR] [--phases 1] [--retain-freed-memory 0|1]
 // --phases 1: in the last step, what forward, backward and the optimizer step each add to the
-// resident memory at their peak, and the peak of everything before (prepare, earlier steps).
+// resident memory at their peak, the peak of the earlier steps, and before them the resident
+// memory with the model built and the peak of prepare.
 // bench/zero.sh runs the variants in rotation and writes the table in bench/README.md.
 #include <accelerate/accelerate.hpp>
 #include <accelerate/distributed/sharded.hpp>
@@ -18,13 +19,13 @@
 
 #include <sys/resource.h>
 
-#include <fstream>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -39,6 +40,7 @@ struct Args {
   int steps = 4;
   std::string save_model;  // a folder: measure save_model's memory
   bool phases = false;
+  std::optional<bool> retain_freed_memory;  // AcceleratorOptions::retain_freed_memory (unset: the backend's)
 };
 
 // A line of /proc/self/status ("VmRSS:", "VmHWM:") in bytes.
@@ -84,13 +86,21 @@ std::uint64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
 
 template <class Backend>
 int run(const Args& a) {
-  accelerate::Accelerator<Backend> acc{{.seed = 1, .process_group = {.timeout = std::chrono::minutes(10)}}};
+  accelerate::Accelerator<Backend> acc{{.seed = 1, .retain_freed_memory = a.retain_freed_memory, .process_group = {.timeout = std::chrono::minutes(10)}}};
   auto net = make_model(a.params_millions);
   const int64_t width = net[0]->as<torch::nn::Linear>()->weight.size(1);
   std::uint64_t params = 0;  // of the whole model
   for (const auto& p : net->parameters()) params += bytes_of(p);
   torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-4));
+  nlohmann::json phases = nlohmann::json::object();
+  std::int64_t peak_seen = 0;  // --phases resets the high-water mark: the peak before each reset
+  if (a.phases) phases["resident_built_bytes"] = status_bytes("VmRSS:");  // LibTorch and the model as built
   auto [model, opt] = acc.prepare(net, adamw);
+  if (a.phases) {  // prepare's own peak; the high-water mark starts again for the steps
+    peak_seen = status_bytes("VmHWM:");
+    phases["prepare_peak_bytes"] = peak_seen;
+    std::ofstream("/proc/self/clear_refs") << "5";
+  }
   std::uint64_t held = params;  // what this rank keeps between steps: stage 3, its slices
   if constexpr (requires { Backend::stage; }) {
     if (Backend::stage == 3) {
@@ -104,8 +114,6 @@ int run(const Args& a) {
   std::uint64_t grads = 0, state = 0, comm_bytes = 0;
   std::vector<double> step_ms;
   accelerate::CommStats before = acc.stats();
-  nlohmann::json phases = nlohmann::json::object();
-  std::int64_t peak_seen = 0;  // --phases resets the high-water mark: the peak before each reset
   std::int64_t phase_start = 0;
   auto phase = [&](const char* name) {  // ends a phase of the measured step, starts the next
     const auto peak = status_bytes("VmHWM:");
@@ -118,7 +126,7 @@ int run(const Args& a) {
     const auto x = torch::randn({8, width}), y = torch::randn({8, width});
     const bool measured = a.phases && step == a.steps - 1;
     if (measured) {
-      phases["peak_before_bytes"] = status_bytes("VmHWM:");
+      phases["peak_earlier_steps_bytes"] = status_bytes("VmHWM:");
       phase(nullptr);
       phases["resident_between_steps_bytes"] = phase_start;
     }
@@ -188,6 +196,7 @@ int main(int argc, char** argv) {
       else if (std::strcmp(argv[i], "--steps") == 0) a.steps = std::stoi(argv[i + 1]);
       else if (std::strcmp(argv[i], "--save-model") == 0) a.save_model = argv[i + 1];
       else if (std::strcmp(argv[i], "--phases") == 0) a.phases = std::string(argv[i + 1]) == "1";
+      else if (std::strcmp(argv[i], "--retain-freed-memory") == 0) a.retain_freed_memory = std::string(argv[i + 1]) == "1";
     }
     if (a.backend == "zero1") return run<accelerate::Zero<accelerate::Gloo, 1>>(a);
     if (a.backend == "zero2") return run<accelerate::Zero<accelerate::Gloo, 2>>(a);
