@@ -2,7 +2,10 @@
 """Compile cost of a trainer: the same loop with only <torch/torch.h> (plain_torch_trainer.cpp)
 and through <accelerate/accelerate.hpp> (accelerate_trainer.cpp), compiled alternately, round
 after round, with a user's flags (-O2, no precompiled header, no ccache). Prints one JSON object:
-wall seconds and peak resident memory (MiB) per side and round, and the ratios per round.
+wall seconds and peak resident memory (MiB) per side and round, the ratios per round, the front
+end's share (the same compile with -fsyntax-only: parsing and template instantiation, no code
+generation), the object code each side emits, and where the accelerate side's extra code comes
+from (its symbols that the plain side lacks, by origin).
 
     bench/compile/measure.py [rounds] [--cxx c++] [--out bench/results/compile.json]
 """
@@ -28,16 +31,52 @@ def torch_include():
     return found[-1]
 
 
-def compile_once(cxx, source, flags):
-    """Compiles `source` to an object file; returns (wall seconds, peak RSS in MiB)."""
+def run_compiler(command, source):
+    """Runs a compiler command; returns (wall seconds, peak RSS in MiB)."""
+    start = time.monotonic()
+    process = subprocess.Popen(command)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.monotonic() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"measure.py: compiling {source} failed")
+    return wall, usage.ru_maxrss / 1024.0  # ru_maxrss is in KiB on Linux
+
+
+def symbol_sizes(obj):
+    """Code symbols of an object file: demangled name -> bytes."""
+    out = subprocess.run(["nm", "-C", "--size-sort", "-S", obj], capture_output=True, text=True, check=True).stdout
+    sizes = {}
+    for line in out.splitlines():
+        parts = line.split(None, 3)
+        if len(parts) == 4 and parts[2] in "tTwW":
+            sizes[parts[3]] = int(parts[1], 16)
+    return sizes
+
+
+def origin(symbol):
+    """Which part of the code a symbol comes from (its qualified name, before the arguments)."""
+    head = symbol.split("(")[0]
+    if "accelerate::" in head:
+        # Instantiated for the trainer's own policies: these stay in its translation unit.
+        if any(t in head for t in ("Accelerator<", "Prepared", "Engine<")):
+            return "accelerate: templates of the chosen policies"
+        return "accelerate: functions that depend on no user type"
+    if "nlohmann" in head:
+        return "nlohmann-json"
+    if "regex" in symbol or "std::__detail::_" in head:
+        return "std::regex"
+    return "std, LibTorch and the rest"
+
+
+def compile_once(cxx, source, flags, keep=None):
+    """Compiles `source` to an object file (kept at `keep` if given); returns (wall seconds,
+    peak RSS in MiB, code bytes), then its -fsyntax-only wall seconds."""
     with tempfile.TemporaryDirectory() as tmp:
-        start = time.monotonic()
-        process = subprocess.Popen([cxx, *flags, "-c", source, "-o", os.path.join(tmp, "trainer.o")])
-        _, status, usage = os.wait4(process.pid, 0)
-        wall = time.monotonic() - start
-        if os.waitstatus_to_exitcode(status) != 0:
-            sys.exit(f"measure.py: compiling {source} failed")
-        return wall, usage.ru_maxrss / 1024.0  # ru_maxrss is in KiB on Linux
+        obj = keep or os.path.join(tmp, "trainer.o")
+        wall, rss = run_compiler([cxx, *flags, "-c", source, "-o", obj], source)
+        code = sum(symbol_sizes(obj).values())
+        front, _ = run_compiler([cxx, *flags, "-fsyntax-only", source], source)
+        return wall, rss, code, front
 
 
 def main():
@@ -55,22 +94,35 @@ def main():
     sides = {"plain": os.path.join(HERE, "plain_torch_trainer.cpp"),
              "accelerate": os.path.join(HERE, "accelerate_trainer.cpp")}
     rounds = []
+    scratch = tempfile.TemporaryDirectory()
+    objects = {side: os.path.join(scratch.name, side + ".o") for side in sides}
     for r in range(args.rounds):
         order = list(sides) if r % 2 == 0 else list(reversed(list(sides)))  # alternate who goes first
         row = {}
         for side in order:
-            wall, rss = compile_once(args.cxx, sides[side], flags)
-            row[side] = {"seconds": round(wall, 2), "peak_mib": round(rss, 1)}
-            print(f"round {r + 1} {side}: {wall:.1f} s, {rss:.0f} MiB", file=sys.stderr)
+            keep = objects[side] if r == 0 else None
+            wall, rss, code, front = compile_once(args.cxx, sides[side], flags, keep)
+            row[side] = {"seconds": round(wall, 2), "peak_mib": round(rss, 1), "code_bytes": code,
+                         "front_end_seconds": round(front, 2)}
+            print(f"round {r + 1} {side}: {wall:.1f} s ({front:.1f} s front end), {rss:.0f} MiB, "
+                  f"{code / 1024:.0f} KiB of code", file=sys.stderr)
         row["wall_ratio"] = round(row["accelerate"]["seconds"] / row["plain"]["seconds"], 3)
         row["memory_ratio"] = round(row["accelerate"]["peak_mib"] / row["plain"]["peak_mib"], 3)
         rounds.append(row)
+    plain_symbols = symbol_sizes(objects["plain"])
+    extra = {}
+    for symbol, size in symbol_sizes(objects["accelerate"]).items():
+        if symbol not in plain_symbols:
+            extra[origin(symbol)] = extra.get(origin(symbol), 0) + size
     summary = {
         "compiler": subprocess.run([args.cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[0],
         "flags": "-std=c++20 -O2 -DNDEBUG (no precompiled header, no ccache)",
         "rounds": rounds,
         "wall_ratio_median": statistics.median(r["wall_ratio"] for r in rounds),
         "memory_ratio_median": statistics.median(r["memory_ratio"] for r in rounds),
+        "front_end_ratio_median": statistics.median(
+            r["accelerate"]["front_end_seconds"] / r["plain"]["front_end_seconds"] for r in rounds),
+        "extra_code_bytes_by_origin": dict(sorted(extra.items(), key=lambda item: -item[1])),
     }
     text = json.dumps(summary, indent=2)
     if args.out:
