@@ -213,25 +213,21 @@ ACCELERATE_WORKER(broadcast_flat_pieces) {
   const int rank = acc.process_index();
   auto& comm = *acc.engine().communicator();
   // Rank r's tensor k holds 100 * r + k + its element index, so rank 0's are known everywhere.
-  auto make = [&] {
-    const double r = 100.0 * rank;
+  auto make = [](int of_rank) {
+    const double r = 100.0 * of_rank;
     return std::vector<at::Tensor>{
-        torch::arange(10, torch::kFloat) + r,                       // 40 B
-        torch::arange(10, torch::kFloat) + r + 1,                   // 40 B
-        torch::arange(20, torch::kFloat) + r + 2,                   // 80 B
+        torch::arange(10, torch::kFloat) + r,                         // 40 B
+        torch::arange(10, torch::kFloat) + r + 1,                     // 40 B
+        torch::arange(20, torch::kFloat) + r + 2,                     // 80 B
         (torch::arange(20, torch::kFloat) + r + 3).view({4, 5}).t(),  // 80 B, not contiguous
-        torch::zeros({0}, torch::kFloat),                           // nothing
-        torch::arange(50, torch::kFloat) + r + 5,                   // 200 B
-        torch::arange(3, torch::kDouble) + r + 6};                  // 24 B, another dtype
+        torch::zeros({0}, torch::kFloat),                             // nothing
+        torch::arange(50, torch::kFloat) + r + 5,                     // 200 B
+        torch::arange(3, torch::kDouble) + r + 6};                    // 24 B, another dtype
   };
-  const std::vector<at::Tensor> rank0 = {
-      torch::arange(10, torch::kFloat),     torch::arange(10, torch::kFloat) + 1,
-      torch::arange(20, torch::kFloat) + 2, (torch::arange(20, torch::kFloat) + 3).view({4, 5}).t(),
-      torch::zeros({0}, torch::kFloat),     torch::arange(50, torch::kFloat) + 5,
-      torch::arange(3, torch::kDouble) + 6};
+  const std::vector<at::Tensor> rank0 = make(0);
   // Float pieces of at most 100 bytes: {0, 1}, {2}, {3}, {5}; then the double {6}.
   for (const auto& [piece_bytes, calls] : std::vector<std::pair<std::size_t, std::int64_t>>{{100, 5}, {64u << 20, 2}}) {
-    auto tensors = make();
+    auto tensors = make(rank);
     const auto before = acc.stats().broadcast.calls;
     accelerate::distributed::broadcast_flat(comm, tensors, 0, piece_bytes);
     const auto sent = acc.stats().broadcast.calls - before;
