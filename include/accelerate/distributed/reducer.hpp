@@ -168,6 +168,13 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     }
     assign_units();
     build_buckets(initial_order());
+    // Each parameter's gradient accumulator, made while the parameter is whole: it records
+    // the parameter's shape, and stage 3 releases the parameters right away.
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[i]));
+      ACCELERATE_CHECK(accumulators_.back() != nullptr, "GradientReducer: parameter '", names_[i],
+                       "' is not a leaf that accumulates gradients");
+    }
     if (shards_parameters()) shard_parameters();
     if (sharded()) build_shard_pieces();
     ready_.assign(params_.size(), false);
@@ -178,15 +185,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   void install_hooks() {
     std::weak_ptr<GradientReducer> weak = weak_from_this();
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
-      ACCELERATE_CHECK(accumulator != nullptr, "GradientReducer: parameter '", names_[i],
-                       "' is not a leaf that accumulates gradients");
-      const auto key = accumulator->add_post_hook(std::make_unique<ReadyHook>(weak, i));
-      hooks_.emplace_back(accumulator, key);
+      const auto key = accumulators_[i]->add_post_hook(std::make_unique<ReadyHook>(weak, i));
+      hooks_.emplace_back(std::move(accumulators_[i]), key);
     }
-    // Stage 3 frees the parameters only now: an accumulator records its parameter's shape
-    // when made, and gradients are checked against it.
-    if (shards_parameters()) release_units();
+    accumulators_.clear();
   }
 
   ~GradientReducer() {
@@ -445,8 +447,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
         comm_->wait(bucket.gather_work, "parameter all_gather");
         bucket.gather_work.reset();
       }
-      for (const std::size_t index : bucket.params) params_[index].set_data(at::empty({0}, bucket.options));
-      compat::free_storage(bucket.param_full.storage());
+      release_bucket(bucket);
     }
     units_[unit].state = UnitState::released;
   }
@@ -487,7 +488,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   struct Unit {
     std::vector<std::size_t> buckets;
     std::vector<std::size_t> params;
-    UnitState state = UnitState::gathered;  // at construction every parameter is whole
+    UnitState state = UnitState::gathered;  // every parameter is whole until shard_parameters()
     std::size_t ready = 0;                  // parameters whose gradient came in this backward
   };
 
@@ -681,7 +682,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   }
 
   // Stage 3, at construction: each bucket's parameters copied into its flat buffer, which
-  // they become views of, and this rank's slice of it kept apart.
+  // they become views of, this rank's slice of it kept apart, and the buffer released before
+  // the next bucket's is made, so the model exists about once while it is cut (all the
+  // buffers at once were a second model at prepare, bench/README.md).
   void shard_parameters() {
     torch::NoGradGuard no_grad;
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -695,7 +698,15 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       }
       const int64_t slice = bucket.padded / comm_->world_size();
       bucket.param_shard = bucket.param_full.narrow(0, comm_->rank() * slice, slice).clone();
+      release_bucket(bucket);
     }
+    for (auto& unit : units_) unit.state = UnitState::released;
+  }
+
+  // Frees a bucket's full parameters: each parameter an empty tensor until gathered again.
+  void release_bucket(Bucket& bucket) {
+    for (const std::size_t index : bucket.params) params_[index].set_data(at::empty({0}, bucket.options));
+    compat::free_storage(bucket.param_full.storage());
   }
 
   // Puts a gradient (zeros when unused or it has none) into its bucket, unless it is its
@@ -963,6 +974,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::vector<bool> used_;         // received a gradient in this backward (ready_ and used)
   std::vector<bool> unreachable_;  // predicted unused by the last forward; empty: no prediction
   std::vector<std::string> late_;  // predicted unused, yet a gradient came
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // until install_hooks()
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
   std::vector<ShardPiece> pieces_;          // sharded: this rank's slices
   std::vector<at::Tensor> piece_tensors_;   // sharded: views of the parameters' storage
