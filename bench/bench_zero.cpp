@@ -51,11 +51,14 @@ std::int64_t status_bytes(const std::string& key) {
   return -1;
 }
 
-// What running `fn` added to resident memory at its peak: the high-water mark is reset first
+// Starts the resident-memory high-water mark (VmHWM) again from the current resident memory
 // (Linux: "5" to /proc/self/clear_refs). Resets getrusage's maxrss too: read that before.
+void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+// What running `fn` added to resident memory at its peak (the high-water mark is reset first).
 template <class Fn>
 std::int64_t peak_added_by(Fn&& fn) {
-  std::ofstream("/proc/self/clear_refs") << "5";
+  reset_peak();
   const auto before = status_bytes("VmRSS:");
   fn();
   return status_bytes("VmHWM:") - before;
@@ -99,7 +102,7 @@ int run(const Args& a) {
   if (a.phases) {  // prepare's own peak; the high-water mark starts again for the steps
     peak_seen = status_bytes("VmHWM:");
     phases["prepare_peak_bytes"] = peak_seen;
-    std::ofstream("/proc/self/clear_refs") << "5";
+    reset_peak();
   }
   std::uint64_t held = params;  // what this rank keeps between steps: stage 3, its slices
   if constexpr (requires { Backend::stage; }) {
@@ -119,7 +122,7 @@ int run(const Args& a) {
     const auto peak = status_bytes("VmHWM:");
     peak_seen = std::max(peak_seen, peak);
     if (name != nullptr) phases[name] = peak - phase_start;
-    std::ofstream("/proc/self/clear_refs") << "5";
+    reset_peak();
     phase_start = status_bytes("VmRSS:");
   };
   for (int step = 0; step < a.steps; ++step) {
