@@ -369,7 +369,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// order, and every rank computes every rank's (the layout is the same everywhere).
   std::pair<int64_t, int64_t> held_by(std::size_t index, int rank) const {
     const Bucket& bucket = buckets_.at(bucket_of_.at(index));
-    const int64_t length = bucket.padded / comm_->world_size();
+    const int64_t length = slice_length(bucket);
     const int64_t offset = bucket.offsets[position_of_[index]];
     const int64_t begin = std::clamp<int64_t>(rank * length - offset, 0, numel_[index]);
     const int64_t end = std::clamp<int64_t>((rank + 1) * length - offset, 0, numel_[index]);
@@ -382,7 +382,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   void gather_parameters(std::size_t bucket_index) {
     torch::NoGradGuard no_grad;
     const Bucket& bucket = buckets_.at(bucket_index);
-    const int64_t length = bucket.padded / comm_->world_size();
+    const int64_t length = slice_length(bucket);
     at::Tensor mine = at::zeros({length}, params_[bucket.params.front()].options().requires_grad(false));
     for (std::size_t k = 0; k < pieces_.size(); ++k)
       if (pieces_[k].bucket == bucket_index)
@@ -554,7 +554,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       const int64_t total = bucket.offsets.back() + numel_[bucket.params.back()];
       bucket.options = last.options().requires_grad(false);
       bucket.padded = sharded() ? (total + world - 1) / world * world : total;
-      if (scatters()) bucket.shard = at::zeros({bucket.padded / world}, bucket.options);
+      if (scatters()) bucket.shard = at::zeros({slice_length(bucket)}, bucket.options);
       else bucket.flat = at::zeros({total}, bucket.options);
       bucket.pending = bucket.params.size();
       if (options_.compression != GradientCompression::none) {
@@ -582,6 +582,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     return order;
   }
 
+  // Elements of a sharded bucket each rank holds (its padded length divides evenly).
+  int64_t slice_length(const Bucket& bucket) const { return bucket.padded / comm_->world_size(); }
+
   // Parameter i's slot in its bucket's flat tensor (1-D; the bucket must be allocated).
   at::Tensor bucket_slot(std::size_t i) const {
     const Bucket& bucket = buckets_[bucket_of_[i]];
@@ -603,7 +606,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   void build_shard_pieces() {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       const Bucket& bucket = buckets_[b];
-      const int64_t first = comm_->rank() * (bucket.padded / comm_->world_size());
+      const int64_t first = comm_->rank() * slice_length(bucket);
       for (std::size_t j = 0; j < bucket.params.size(); ++j) {
         const std::size_t index = bucket.params[j];
         const auto [begin, end] = held_by(index, comm_->rank());
@@ -696,7 +699,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
         bucket.param_full.narrow(0, bucket.offsets[j], numel_[index]).copy_(params_[index].detach().reshape(-1));
         params_[index].set_data(storage_alias(bucket.param_full, bucket.offsets[j], shape_[index]));
       }
-      const int64_t slice = bucket.padded / comm_->world_size();
+      const int64_t slice = slice_length(bucket);
       bucket.param_shard = bucket.param_full.narrow(0, comm_->rank() * slice, slice).clone();
       release_bucket(bucket);
     }
