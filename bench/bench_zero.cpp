@@ -7,7 +7,9 @@
 // adds to the rank's resident memory at its peak, and what gathering the whole model
 // (get_state_dict, as stage 3's save_model did before it streamed) adds; it prints one JSON line.
 //   bench_zero --nproc W --backend ddp|zero1|zero2|zero3 [--params-millions 100] [--steps 4]
-//              [--save-model DIR] [--phases 1] [--retain-freed-memory 0|1]
+//              [--save-model DIR] [--phases 1] [--retain-freed-memory 0|1] [--bias 0|1]
+// --bias 0: layers without biases (as in most large transformers), so each weight is a bucket
+// of its own and the sharded stages send its gradient without copying it into a bucket.
 // --phases 1: in the last step, what forward, backward and the optimizer step each add to the
 // resident memory at their peak, the peak of the earlier steps, and before them the resident
 // memory with the model built and the peak of prepare.
@@ -41,6 +43,7 @@ struct Args {
   std::string save_model;  // a folder: measure save_model's memory
   bool phases = false;
   std::optional<bool> retain_freed_memory;  // AcceleratorOptions::retain_freed_memory (unset: the backend's)
+  bool bias = true;
 };
 
 // A line of /proc/self/status ("VmRSS:", "VmHWM:") in bytes.
@@ -65,12 +68,12 @@ std::int64_t peak_added_by(Fn&& fn) {
 }
 
 // Square layers whose parameters add up to about the requested count.
-torch::nn::Sequential make_model(double millions) {
+torch::nn::Sequential make_model(double millions, bool bias) {
   const int64_t layers = 10;
   const auto width = static_cast<int64_t>(std::sqrt(millions * 1e6 / static_cast<double>(layers)));
   torch::nn::Sequential net;
   for (int64_t i = 0; i < layers; ++i) {
-    net->push_back(torch::nn::Linear(width, width));
+    net->push_back(torch::nn::Linear(torch::nn::LinearOptions(width, width).bias(bias)));
     if (i + 1 < layers) net->push_back(torch::nn::ReLU());
   }
   return net;
@@ -90,7 +93,7 @@ std::uint64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
 template <class Backend>
 int run(const Args& a) {
   accelerate::Accelerator<Backend> acc{{.seed = 1, .retain_freed_memory = a.retain_freed_memory, .process_group = {.timeout = std::chrono::minutes(10)}}};
-  auto net = make_model(a.params_millions);
+  auto net = make_model(a.params_millions, a.bias);
   const int64_t width = net[0]->as<torch::nn::Linear>()->weight.size(1);
   std::uint64_t params = 0;  // of the whole model
   for (const auto& p : net->parameters()) params += bytes_of(p);
@@ -178,6 +181,8 @@ int run(const Args& a) {
                          {"exposed_comm_ms_per_step", 1e3 * comm_time.exposed_seconds / std::max(1, a.steps - 1)},
                          {"peak_rss_bytes", std::max<std::uint64_t>(static_cast<std::uint64_t>(usage.ru_maxrss) * 1024,
                                                                      static_cast<std::uint64_t>(peak_seen))}};
+  line["bias"] = a.bias;
+  if (const auto* reducer = model.model_sync().reducer()) line["adopted_gradients"] = reducer->adopted_gradients();
   if (a.phases) line["phases"] = phases;
   if (!a.save_model.empty()) {
     line["save_model_added_bytes"] =
@@ -200,6 +205,7 @@ int main(int argc, char** argv) {
       else if (std::strcmp(argv[i], "--save-model") == 0) a.save_model = argv[i + 1];
       else if (std::strcmp(argv[i], "--phases") == 0) a.phases = std::string(argv[i + 1]) == "1";
       else if (std::strcmp(argv[i], "--retain-freed-memory") == 0) a.retain_freed_memory = std::string(argv[i + 1]) == "1";
+      else if (std::strcmp(argv[i], "--bias") == 0) a.bias = std::string(argv[i + 1]) == "1";
     }
     if (a.backend == "zero1") return run<accelerate::Zero<accelerate::Gloo, 1>>(a);
     if (a.backend == "zero2") return run<accelerate::Zero<accelerate::Gloo, 2>>(a);

@@ -43,25 +43,43 @@ template <class Backend>
 using ShardTestAccelerator =
     accelerate::Accelerator<Backend, accelerate::Fp32, accelerate::AccumulateDynamic, accelerate::ClipNorm<>>;
 
+// How the 53 parameters fall into buckets.
+enum class Buckets {
+  one,       // the default caps: one bucket
+  small,     // 3 buckets of 33, 12 and 8 elements
+  separate,  // a bucket per parameter: the gradients whose length the world size divides
+             // become their bucket's buffer (30 elements at 2 ranks; 30, 15 and 3 at 3)
+};
+
 struct Config {
   bool adamw;
   std::size_t accumulation;
   double max_norm;  // 1e9: the norm is measured and reduced but never clips
-  bool small_buckets;
+  Buckets buckets;
   std::string name() const {
     return std::string(adamw ? "adamw" : "sgd") + "_acc" + std::to_string(accumulation) +
-           (max_norm < 1e6 ? "_clip" : "_noclip") + (small_buckets ? "_buckets" : "");
+           (max_norm < 1e6 ? "_clip" : "_noclip") +
+           (buckets == Buckets::small ? "_buckets" : buckets == Buckets::separate ? "_separate" : "");
   }
 };
+
+// The configurations every backend trains: SGD with several buckets, AdamW with one.
+Config config_for(bool adamw, std::size_t accumulation, double max_norm) {
+  const Buckets buckets = adamw ? Buckets::one : accumulation == 1 ? Buckets::small : Buckets::separate;
+  return {adamw, accumulation, max_norm, buckets};
+}
 
 accelerate::AcceleratorOptions options_for(const Config& config) {
   accelerate::AcceleratorOptions options;
   options.process_group.timeout = 60s;
   options.accumulation.num_steps = config.accumulation;
   options.clip.max_norm = config.max_norm;
-  if (config.small_buckets) {  // 3 buckets of 33, 12 and 8 elements
+  if (config.buckets == Buckets::small) {
     options.ddp.first_bucket_cap_bytes = 40;
     options.ddp.bucket_cap_bytes = 100;
+  } else if (config.buckets == Buckets::separate) {
+    options.ddp.first_bucket_cap_bytes = 1;
+    options.ddp.bucket_cap_bytes = 1;
   }
   return options;
 }
@@ -143,6 +161,10 @@ std::string train(const Config& config, const std::string& tag) {
     if (stats.allgather.calls == 0) problems += "no parameter all-gather; ";
     if (Backend::stage >= 2 && stats.reduce_scatter.calls == 0) problems += "no gradient reduce-scatter; ";
     if (Backend::stage == 1 && stats.gradient_allreduce.calls == 0) problems += "no gradient all-reduce; ";
+    const auto adopted = model.model_sync().reducer()->adopted_gradients();
+    if (Backend::stage >= 2 && (config.buckets == Buckets::separate) != (adopted > 0))
+      problems += "stage " + std::to_string(Backend::stage) + ", " + config.name() + ": " + std::to_string(adopted) +
+                  " gradients became their bucket's buffer; ";
   }
   save_tensor(job_dir() / (tag + "_" + config.name() + "_rank" + std::to_string(acc.process_index()) + ".bin"),
               whole_parameters(acc, model));
@@ -155,7 +177,7 @@ std::string train_all(const std::string& tag) {
   for (const bool adamw : {false, true})
     for (const std::size_t accumulation : {std::size_t{1}, std::size_t{2}})
       for (const double max_norm : {1e9, 0.05}) {
-        const Config config{adamw, accumulation, max_norm, /*small_buckets=*/!adamw};
+        const Config config = config_for(adamw, accumulation, max_norm);
         problems += adamw ? train<Backend, torch::optim::AdamW>(config, tag)
                           : train<Backend, torch::optim::SGD>(config, tag);
       }
@@ -179,7 +201,7 @@ TEST_P(Sharded, EveryStageGivesDataParallelsParameters) {
   for (const bool adamw : {false, true})
     for (const std::size_t accumulation : {std::size_t{1}, std::size_t{2}})
       for (const double max_norm : {1e9, 0.05}) {
-        const Config config{adamw, accumulation, max_norm, !adamw};
+        const Config config = config_for(adamw, accumulation, max_norm);
         const auto ddp = load_tensor(job.dir / ("ddp_" + config.name() + "_rank0.bin"));
         for (const char* stage : {"zero1", "zero2", "zero3"})
           for (int r = 0; r < world; ++r) {
@@ -197,7 +219,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Sharded, ::testing::Values(2, 3));
 
 template <class Backend>
 void resume_phase(const std::string& phase) {
-  ShardTestAccelerator<Backend> acc{options_for({true, 2, 0.05, true})};
+  ShardTestAccelerator<Backend> acc{options_for({true, 2, 0.05, Buckets::small})};
   torch::manual_seed(5);
   TinyNet net(kIn, kHidden, kOut);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
@@ -348,7 +370,7 @@ TORCH_MODULE(UnitProbe);
 
 template <class Backend>
 std::string train_sequential(torch::Tensor& result, const std::string& tag) {
-  ShardTestAccelerator<Backend> acc{options_for({true, 2, 0.05, false})};
+  ShardTestAccelerator<Backend> acc{options_for({true, 2, 0.05, Buckets::one})};
   torch::manual_seed(5);
   torch::nn::Linear first(kIn, kHidden), middle(kHidden, 4), last(4, kOut);  // 35, 24 and 15 parameters
   UnitProbe probe(first, middle);
@@ -439,7 +461,7 @@ TORCH_MODULE(DirectCallNet);
 
 template <class Backend>
 std::string train_listed_units(torch::Tensor& result) {
-  auto options = options_for({true, 2, 0.05, false});
+  auto options = options_for({true, 2, 0.05, Buckets::one});
   options.ddp.shard_units = {"encoder", "head"};  // data parallel ignores it
   ShardTestAccelerator<Backend> acc{options};
   torch::manual_seed(5);

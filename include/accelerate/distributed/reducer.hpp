@@ -262,6 +262,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// Buckets launched while some gradient of the same backward pass was still to come: the
   /// communication that overlapped computation, counted over the reducer's life.
   std::size_t overlapped_launches() const noexcept { return overlapped_launches_; }
+  /// Sharded gradients: gradients that became their bucket's buffer instead of being copied
+  /// into it (a bucket of one parameter whose length the world size divides), over the
+  /// reducer's life.
+  std::size_t adopted_gradients() const noexcept { return adopted_gradients_; }
   /// Whether the buckets were rebuilt in arrival order (after the first synchronised backward,
   /// when that order differed from the initial one).
   bool buckets_rebuilt() const { return launch_order() != initial_order(); }
@@ -582,6 +586,15 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     return order;
   }
 
+  // Whether sharded bucket `bucket` can take `grad` as its buffer: its only parameter, with no
+  // padding, dense and contiguous, of the bucket's dtype and device, and held by nobody else
+  // (a tensor the user kept would see the reduce-scatter write into it).
+  bool can_adopt(const Bucket& bucket, const at::Tensor& grad) const {
+    return scatters() && bucket.params.size() == 1 && grad.defined() && grad.layout() == at::kStrided &&
+           grad.numel() == bucket.padded && grad.is_contiguous() && grad.dtype() == bucket.options.dtype() &&
+           grad.device() == bucket.options.device() && grad.use_count() == 1;
+  }
+
   // Elements of a sharded bucket each rank holds (its padded length divides evenly).
   int64_t slice_length(const Bucket& bucket) const { return bucket.padded / comm_->world_size(); }
 
@@ -721,8 +734,19 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     ++ready_count_;
     if (!order_settled_ && options_.bucket_order_from_arrival) arrival_.push_back(index);
     Bucket& bucket = buckets_[bucket_of_[index]];
-    if (!bucket.flat.defined()) bucket.flat = at::zeros({bucket.padded}, bucket.options);  // sharded gradients
     at::Tensor& param = params_[index];
+    if (!bucket.flat.defined()) {  // sharded gradients: the bucket's buffer lives for this round
+      if (used && can_adopt(bucket, param.grad())) {
+        // The bucket is this one gradient, exactly: autograd's tensor becomes its buffer, not
+        // copied, so the gradient does not exist twice while it is sent (bench/README.md).
+        bucket.flat = param.grad().detach().view({-1});
+        param.mutable_grad().reset();
+        ++adopted_gradients_;
+        if (--bucket.pending == 0) launch_ready_buckets();
+        return;
+      }
+      bucket.flat = at::zeros({bucket.padded}, bucket.options);
+    }
     at::Tensor slot = bucket_slot(index);
     const bool views = options_.gradient_as_bucket_view;
     const at::Tensor& grad = param.grad();
@@ -985,6 +1009,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::size_t next_bucket_ = 0;
   std::size_t ready_count_ = 0;
   std::size_t overlapped_launches_ = 0;
+  std::size_t adopted_gradients_ = 0;
   std::size_t sync_rounds_ = 0;
   bool round_open_ = false;
   bool round_compressed_ = false;
