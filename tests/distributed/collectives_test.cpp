@@ -226,7 +226,7 @@ ACCELERATE_WORKER(broadcast_flat_pieces) {
   };
   const std::vector<at::Tensor> rank0 = make(0);
   // Float pieces of at most 100 bytes: {0, 1}, {2}, {3}, {5}; then the double {6}.
-  for (const auto& [piece_bytes, calls] : std::vector<std::pair<std::size_t, std::int64_t>>{{100, 5}, {64u << 20, 2}}) {
+  for (const auto& [piece_bytes, calls] : std::vector<std::pair<std::size_t, std::uint64_t>>{{100, 5}, {64u << 20, 2}}) {
     auto tensors = make(rank);
     const auto before = acc.stats().broadcast.calls;
     accelerate::distributed::broadcast_flat(comm, tensors, 0, piece_bytes);
