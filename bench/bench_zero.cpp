@@ -8,6 +8,7 @@
 // (get_state_dict, as stage 3's save_model did before it streamed) adds; it prints one JSON line.
 //   bench_zero --nproc W --backend ddp|zero1|zero2|zero3 [--params-millions 100] [--steps 4]
 //              [--save-model DIR] [--phases 1] [--retain-freed-memory 0|1] [--bias 0|1]
+//              [--prefetch-units 0|1] [--buckets-in-flight N]
 // --bias 0: layers without biases (as in most large transformers), so each weight is a bucket
 // of its own and the sharded stages send its gradient without copying it into a bucket.
 // --phases 1: in the last step, what forward, backward and the optimizer step each add to the
@@ -44,6 +45,8 @@ struct Args {
   bool phases = false;
   std::optional<bool> retain_freed_memory;  // AcceleratorOptions::retain_freed_memory (unset: the backend's)
   bool bias = true;
+  bool prefetch_units = true;         // DdpOptions::prefetch_units
+  std::size_t buckets_in_flight = 2;  // DdpOptions::sharded_buckets_in_flight
 };
 
 // A line of /proc/self/status ("VmRSS:", "VmHWM:") in bytes.
@@ -92,7 +95,11 @@ std::uint64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
 
 template <class Backend>
 int run(const Args& a) {
-  accelerate::Accelerator<Backend> acc{{.seed = 1, .retain_freed_memory = a.retain_freed_memory, .process_group = {.timeout = std::chrono::minutes(10)}}};
+  accelerate::Accelerator<Backend> acc{{.seed = 1,
+                                        .retain_freed_memory = a.retain_freed_memory,
+                                        .process_group = {.timeout = std::chrono::minutes(10)},
+                                        .ddp = {.prefetch_units = a.prefetch_units,
+                                                .sharded_buckets_in_flight = a.buckets_in_flight}}};
   auto net = make_model(a.params_millions, a.bias);
   const int64_t width = net[0]->as<torch::nn::Linear>()->weight.size(1);
   std::uint64_t params = 0;  // of the whole model
@@ -182,6 +189,8 @@ int run(const Args& a) {
                          {"peak_rss_bytes", std::max<std::uint64_t>(static_cast<std::uint64_t>(usage.ru_maxrss) * 1024,
                                                                      static_cast<std::uint64_t>(peak_seen))}};
   line["bias"] = a.bias;
+  line["prefetch_units"] = a.prefetch_units;
+  line["buckets_in_flight"] = a.buckets_in_flight;
   if (const auto* reducer = model.model_sync().reducer()) line["adopted_gradients"] = reducer->adopted_gradients();
   if (a.phases) line["phases"] = phases;
   if (!a.save_model.empty()) {
@@ -206,6 +215,8 @@ int main(int argc, char** argv) {
       else if (std::strcmp(argv[i], "--phases") == 0) a.phases = std::string(argv[i + 1]) == "1";
       else if (std::strcmp(argv[i], "--retain-freed-memory") == 0) a.retain_freed_memory = std::string(argv[i + 1]) == "1";
       else if (std::strcmp(argv[i], "--bias") == 0) a.bias = std::string(argv[i + 1]) == "1";
+      else if (std::strcmp(argv[i], "--prefetch-units") == 0) a.prefetch_units = std::string(argv[i + 1]) == "1";
+      else if (std::strcmp(argv[i], "--buckets-in-flight") == 0) a.buckets_in_flight = std::stoul(argv[i + 1]);
     }
     if (a.backend == "zero1") return run<accelerate::Zero<accelerate::Gloo, 1>>(a);
     if (a.backend == "zero2") return run<accelerate::Zero<accelerate::Gloo, 2>>(a);

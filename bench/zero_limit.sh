@@ -7,6 +7,9 @@
 #
 #   bench/zero_limit.sh [build-dir] [MB-per-rank] [sizes in millions of parameters...]
 #   bench/zero_limit.sh build 1500 40 60 80 100 120 140 160 180 200
+# BACKENDS (default "ddp zero1 zero2 zero3") picks the backends; EXTRA_ARGS are passed to
+# bench_zero and name the results file, e.g. stage 3 with the least memory:
+#   BACKENDS=zero3 EXTRA_ARGS="--prefetch-units 0 --buckets-in-flight 0" bench/zero_limit.sh build 2500 190 220 250
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
@@ -14,7 +17,10 @@ limit_mb="${2:-1500}"
 shift $(( $# >= 2 ? 2 : $# ))
 sizes=("$@")
 ((${#sizes[@]})) || sizes=(40 60 80 100 120 140 160 180 200)
-out="bench/results/zero_limit_${limit_mb}.jsonl"
+backends=(${BACKENDS:-ddp zero1 zero2 zero3})
+read -r -a extra_args <<< "${EXTRA_ARGS:-}"
+suffix="$(tr -c 'a-z0-9\n' '_' <<< "${EXTRA_ARGS:-}" | tr -s '_' | sed 's/^_//; s/_$//')"
+out="bench/results/zero_limit_${limit_mb}${suffix:+_$suffix}.jsonl"
 mkdir -p bench/results
 : > "$out"
 export OMP_NUM_THREADS=1
@@ -46,12 +52,12 @@ oom_kills() {
   else sed -n 's/^oom_kill //p' "$1/memory.oom_control"; fi
 }
 
-for backend in ddp zero1 zero2 zero3; do
+for backend in "${backends[@]}"; do
   for millions in "${sizes[@]}"; do
     cg="$(make_cgroup "$backend-$millions")"
     set +e
     line="$(bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
-      "$build/bench/bench_zero" --nproc "$world" --backend "$backend" --params-millions "$millions" --steps 2 \
+      "$build/bench/bench_zero" --nproc "$world" --backend "$backend" --params-millions "$millions" --steps 2 "${extra_args[@]}" \
       2>/dev/null | grep '^{' | paste -sd, -)"
     status=$?
     set -e
@@ -73,6 +79,8 @@ print(f"| backend | largest model that trains in {limit} MB per rank | its peak 
 print("|---|---|---|---|---|")
 for backend in ("ddp", "zero1", "zero2", "zero3"):
     mine = [r for r in rows if r["backend"] == backend]
+    if not mine:
+        continue
     fitting = [r for r in mine if r["fits"]]
     failing = [r for r in mine if not r["fits"]]
     best = max(fitting, key=lambda r: r["params_millions"]) if fitting else None

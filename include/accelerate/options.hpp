@@ -189,6 +189,17 @@ struct DdpOptions {
   /// prefetches the next). The parameters outside them are gathered for the whole forward.
   /// Empty: the children of a torch::nn::Sequential, else the whole model as one unit.
   std::vector<std::string> shard_units = {};
+  /// Zero<_, 3> only: start the all-gather of the unit that runs next while the current one
+  /// computes, in forward and in backward (FSDP's forward and backward prefetch). Off: each
+  /// unit is gathered when it runs, so one unit at most is whole at a time (with the
+  /// parameters outside every unit), and no all-gather overlaps compute: the least memory.
+  bool prefetch_units = true;
+  /// Zero<_, 2|3> only: launched gradient buckets whose reduce-scatter may still run while
+  /// backward goes on, each holding its full buffer; older ones are awaited and freed. Fewer
+  /// trade overlap for memory; 0 awaits each bucket's reduce-scatter as soon as it starts.
+  /// Example (the least memory stage 3 can train in, bench/README.md):
+  ///   Acc acc{{.ddp = {.prefetch_units = false, .sharded_buckets_in_flight = 0}}};
+  std::size_t sharded_buckets_in_flight = 2;
 };
 
 /// How prepared dataloaders shard (Accelerate's DataLoaderConfiguration).

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <string>
@@ -354,29 +355,41 @@ std::string evaluation_problems(Acc& acc, Model& model, const torch::nn::Module&
 // --- stage 3 unit by unit: a Sequential's children gathered around their forward and backward --
 
 // Sits between two Linears of a Sequential and records, each time it runs, how many elements
-// the first Linear's weight (unit 0) and the one just before it (unit 2) hold.
+// the first Linear's weight (unit 0) and the one just before it (unit 2) hold, and on its
+// first call how many all-gathers had been started (`allgathers`, when set).
 struct UnitProbeImpl : torch::nn::Module {
   UnitProbeImpl(torch::nn::Linear first, torch::nn::Linear previous) : first(first), previous(previous) {}
   torch::Tensor forward(const torch::Tensor& x) {
     seen_first = std::max(seen_first, first->weight.numel());
     seen_previous = std::max(seen_previous, previous->weight.numel());
+    if (calls == 0 && allgathers) allgathers_at_first_call = allgathers();
     ++calls;
     return x;
   }
   torch::nn::Linear first, previous;
   std::int64_t seen_first = 0, seen_previous = 0, calls = 0;
+  std::function<std::uint64_t()> allgathers;
+  std::uint64_t allgathers_at_first_call = 0;
 };
 TORCH_MODULE(UnitProbe);
 
+// `lean`: DdpOptions::prefetch_units off and sharded_buckets_in_flight 0.
 template <class Backend>
-std::string train_sequential(torch::Tensor& result, const std::string& tag) {
-  ShardTestAccelerator<Backend> acc{options_for({true, 2, 0.05, Buckets::one})};
+std::string train_sequential(torch::Tensor& result, const std::string& tag, bool lean = false) {
+  auto options = options_for({true, 2, 0.05, Buckets::one});
+  if (lean) {
+    options.ddp.prefetch_units = false;
+    options.ddp.sharded_buckets_in_flight = 0;
+  }
+  ShardTestAccelerator<Backend> acc{options};
   torch::manual_seed(5);
   torch::nn::Linear first(kIn, kHidden), middle(kHidden, 4), last(4, kOut);  // 35, 24 and 15 parameters
   UnitProbe probe(first, middle);
   torch::nn::Sequential net(first, torch::nn::ReLU(), middle, probe, last);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
   auto [model, opt] = acc.prepare(net, optimizer);
+  probe->allgathers = [&acc] { return acc.stats().allgather.calls; };
+  const std::uint64_t allgathers_before = acc.stats().allgather.calls;
   std::string problems;
   const int micro_steps = 2 * 6;
   train_micro_steps(acc, model, opt, micro_steps);
@@ -390,6 +403,15 @@ std::string train_sequential(torch::Tensor& result, const std::string& tag) {
     const auto stats = acc.stats();
     if (stats.allgather.calls != 5 * micro_steps)
       problems += std::to_string(stats.allgather.calls) + " all-gathers, expected " + std::to_string(5 * micro_steps) + "; ";
+    // When the probe first ran units 0 and 2 had been gathered and, prefetching, unit 4's
+    // all-gather had started too.
+    const std::uint64_t started = probe->allgathers_at_first_call - allgathers_before;
+    if (started != (lean ? 2u : 3u))
+      problems += tag + ": " + std::to_string(started) + " all-gathers started before unit 3 ran; ";
+    // The 3 units' buckets: two launched buckets stay alive by default, none when lean.
+    const std::size_t in_flight = model.model_sync().reducer()->peak_buckets_in_flight();
+    if (in_flight != (lean ? 0u : 2u))
+      problems += tag + ": at most " + std::to_string(in_flight) + " launched buckets alive at once; ";
     // Evaluation: gathered and released unit by unit, no backward to come.
     problems += evaluation_problems(acc, model, *net);
     // The model state one rank holds: its slices of each unit's (padded) parameters.
@@ -417,9 +439,12 @@ std::string train_sequential(torch::Tensor& result, const std::string& tag) {
 
 ACCELERATE_WORKER(zero3_sequential) {
   torch::Tensor ddp, zero3;
+  torch::Tensor lean;
   std::string problems = train_sequential<accelerate::Gloo>(ddp, "ddp") +
-                         train_sequential<accelerate::Zero<accelerate::Gloo, 3>>(zero3, "zero3");
+                         train_sequential<accelerate::Zero<accelerate::Gloo, 3>>(zero3, "zero3") +
+                         train_sequential<accelerate::Zero<accelerate::Gloo, 3>>(lean, "zero3_lean", /*lean=*/true);
   problems += differences("stage 3", ddp, zero3, 1e-6);
+  problems += differences("stage 3 without prefetch or buckets in flight", ddp, lean, 1e-6);
   return exit_code(problems);
 }
 

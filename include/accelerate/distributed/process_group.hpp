@@ -153,6 +153,8 @@ class ProcessGroupEngine {
     // run may resume a normal one; a rank verifying among ranks that do not would pair its
     // descriptions with their payloads.
     description << fingerprint << " world_size=" << env_.world_size << " process_group.verify_collectives=" << verify;
+    // Stage 3's prefetch changes the order of its collectives, not what a checkpoint holds.
+    if (!options.ddp.prefetch_units) description << " ddp.prefetch_units=0";
     // One store per process, kept for its lifetime: a later Accelerator in the same program
     // (ranks create them in the same order) rendezvous under its own key prefix instead of
     // racing a peer's not-yet-closed server on the same port.

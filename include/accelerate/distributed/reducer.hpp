@@ -75,11 +75,16 @@ struct ReducerOptions {
   /// parameter "3.weight" belongs to unit "3"); buckets never span two units. Parameters no
   /// prefix names form one more unit, as does everything when this is empty.
   std::vector<std::string> units = {};
+  /// Sharding::parameters: prefetch_unit() starts an all-gather (else it does nothing).
+  bool prefetch_units = true;
+  /// Sharding::gradients and parameters: launched buckets whose full buffers stay alive.
+  std::size_t buckets_in_flight = 2;
 
   /// The reducer options of AcceleratorOptions::ddp.
   static ReducerOptions from(const DdpOptions& ddp, Sharding sharding = Sharding::none) {
     return {ddp.bucket_cap_bytes, ddp.first_bucket_cap_bytes, ddp.find_unused_parameters, sharding,
-            ddp.gradient_as_bucket_view, ddp.bucket_order_from_arrival, ddp.compression, ddp.power_sgd};
+            ddp.gradient_as_bucket_view, ddp.bucket_order_from_arrival, ddp.compression, ddp.power_sgd,
+            {}, ddp.prefetch_units, ddp.sharded_buckets_in_flight};
   }
 };
 
@@ -266,6 +271,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// into it (a bucket of one parameter whose length the world size divides), over the
   /// reducer's life.
   std::size_t adopted_gradients() const noexcept { return adopted_gradients_; }
+  /// Sharded gradients: the most launched buckets whose full buffers were alive at once while
+  /// backward went on (at most ReducerOptions::buckets_in_flight), over the reducer's life.
+  std::size_t peak_buckets_in_flight() const noexcept { return peak_buckets_in_flight_; }
   /// Whether the buckets were rebuilt in arrival order (after the first synchronised backward,
   /// when that order differed from the initial one).
   bool buckets_rebuilt() const { return launch_order() != initial_order(); }
@@ -416,21 +424,16 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// The parameters of `unit` (indices in parameters()).
   const std::vector<std::size_t>& unit_parameters(std::size_t unit) const { return units_.at(unit).params; }
 
-  /// Starts the all-gather of `unit`'s parameters (nothing when it is gathered or on its way).
+  /// Starts the all-gather of `unit`'s parameters (nothing when it is gathered or on its way,
+  /// or when ReducerOptions::prefetch_units is off: gather_unit gathers it when it is needed).
   void prefetch_unit(std::size_t unit) {
-    if (unit >= units_.size() || units_[unit].state != UnitState::released) return;
-    for (const std::size_t b : units_[unit].buckets) {
-      Bucket& bucket = buckets_[b];
-      compat::allocate_storage(bucket.param_full.storage(), static_cast<std::size_t>(bucket.param_full.nbytes()));
-      bucket.gather_work = comm_->all_gather_into_async(bucket.param_full, bucket.param_shard);
-    }
-    units_[unit].state = UnitState::in_flight;
+    if (options_.prefetch_units) start_gather(unit);
   }
 
   /// Makes `unit`'s parameters whole: waits for its prefetch, or gathers it now.
   void gather_unit(std::size_t unit) {
     if (unit >= units_.size() || units_[unit].state == UnitState::gathered) return;
-    prefetch_unit(unit);
+    start_gather(unit);
     torch::NoGradGuard no_grad;
     for (const std::size_t b : units_[unit].buckets) {
       Bucket& bucket = buckets_[b];
@@ -719,6 +722,18 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     for (auto& unit : units_) unit.state = UnitState::released;
   }
 
+  // Starts the all-gather of a released unit's parameters into its buckets' full buffers,
+  // allocated again in place.
+  void start_gather(std::size_t unit) {
+    if (unit >= units_.size() || units_[unit].state != UnitState::released) return;
+    for (const std::size_t b : units_[unit].buckets) {
+      Bucket& bucket = buckets_[b];
+      compat::allocate_storage(bucket.param_full.storage(), static_cast<std::size_t>(bucket.param_full.nbytes()));
+      bucket.gather_work = comm_->all_gather_into_async(bucket.param_full, bucket.param_shard);
+    }
+    units_[unit].state = UnitState::in_flight;
+  }
+
   // Frees a bucket's full parameters: each parameter an empty tensor until gathered again.
   void release_bucket(Bucket& bucket) {
     for (const std::size_t index : bucket.params) params_[index].set_data(at::empty({0}, bucket.options));
@@ -778,11 +793,14 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       } else {
         bucket.work = comm_->all_reduce_async(bucket.flat);
       }
-      // Sharded gradients: the full buffers of at most two launched buckets stay alive; older
-      // ones are awaited and freed while backward goes on (else every bucket's buffer would
-      // coexist until the end of backward: the model's whole gradient again, measured in
-      // bench/README.md).
-      if (scatters() && next_bucket_ > 2) retire(buckets_[next_bucket_ - 3]);
+      // Sharded gradients: the full buffers of at most buckets_in_flight launched buckets
+      // stay alive; older ones are awaited and freed while backward goes on (else every
+      // bucket's buffer would coexist until the end of backward: the model's whole gradient
+      // again, measured in bench/README.md).
+      if (!scatters()) continue;
+      ++buckets_in_flight_;
+      if (next_bucket_ > options_.buckets_in_flight) retire(buckets_[next_bucket_ - options_.buckets_in_flight - 1]);
+      peak_buckets_in_flight_ = std::max(peak_buckets_in_flight_, buckets_in_flight_);
     }
   }
 
@@ -791,6 +809,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     if (!bucket.work) return;
     comm_->wait(bucket.work, "gradient reduce_scatter");
     bucket.work.reset();
+    --buckets_in_flight_;
     bucket.flat.reset();
   }
 
@@ -968,6 +987,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
 
   void reset_round() {
     divisor_ = 0;
+    buckets_in_flight_ = 0;
     force_sync_ = false;
     next_bucket_ = 0;
     ready_count_ = 0;
@@ -1010,6 +1030,8 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::size_t ready_count_ = 0;
   std::size_t overlapped_launches_ = 0;
   std::size_t adopted_gradients_ = 0;
+  std::size_t buckets_in_flight_ = 0;  // sharded gradients: launched, full buffer alive
+  std::size_t peak_buckets_in_flight_ = 0;
   std::size_t sync_rounds_ = 0;
   bool round_open_ = false;
   bool round_compressed_ = false;
