@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Compile cost of a trainer: the same loop with only <torch/torch.h> (plain_torch_trainer.cpp)
 and through <accelerate/accelerate.hpp> (accelerate_trainer.cpp), compiled alternately, round
-after round, with a user's flags (-O2, no precompiled header, no ccache). Prints one JSON object:
+after round, with a user's flags (-O2, no precompiled header, no ccache); a third side is the
+plain loop with the umbrella header included but unused (what the headers alone cost, the floor
+of any trainer that includes them). Prints one JSON object:
 wall seconds and peak resident memory (MiB) per side and round, the ratios per round, the front
 end's share (the same compile with -fsyntax-only: parsing and template instantiation, no code
 generation), the object code each side emits, and where the accelerate side's extra code comes
@@ -91,8 +93,11 @@ def main():
              "-isystem", torch, "-isystem", os.path.join(torch, "torch/csrc/api/include")]
     if os.path.isdir("/usr/local/cuda/include"):
         flags += ["-isystem", "/usr/local/cuda/include"]
-    sides = {"plain": os.path.join(HERE, "plain_torch_trainer.cpp"),
-             "accelerate": os.path.join(HERE, "accelerate_trainer.cpp")}
+    plain = os.path.join(HERE, "plain_torch_trainer.cpp")
+    # side -> (source, extra flags)
+    sides = {"plain": (plain, []),
+             "included": (plain, ["-include", "accelerate/accelerate.hpp"]),
+             "accelerate": (os.path.join(HERE, "accelerate_trainer.cpp"), [])}
     rounds = []
     scratch = tempfile.TemporaryDirectory()
     objects = {side: os.path.join(scratch.name, side + ".o") for side in sides}
@@ -101,12 +106,14 @@ def main():
         row = {}
         for side in order:
             keep = objects[side] if r == 0 else None
-            wall, rss, code, front = compile_once(args.cxx, sides[side], flags, keep)
+            source, extra_flags = sides[side]
+            wall, rss, code, front = compile_once(args.cxx, source, flags + extra_flags, keep)
             row[side] = {"seconds": round(wall, 2), "peak_mib": round(rss, 1), "code_bytes": code,
                          "front_end_seconds": round(front, 2)}
             print(f"round {r + 1} {side}: {wall:.1f} s ({front:.1f} s front end), {rss:.0f} MiB, "
                   f"{code / 1024:.0f} KiB of code", file=sys.stderr)
         row["wall_ratio"] = round(row["accelerate"]["seconds"] / row["plain"]["seconds"], 3)
+        row["included_wall_ratio"] = round(row["included"]["seconds"] / row["plain"]["seconds"], 3)
         row["memory_ratio"] = round(row["accelerate"]["peak_mib"] / row["plain"]["peak_mib"], 3)
         rounds.append(row)
     plain_symbols = symbol_sizes(objects["plain"])
@@ -120,6 +127,9 @@ def main():
         "rounds": rounds,
         "wall_ratio_median": statistics.median(r["wall_ratio"] for r in rounds),
         "memory_ratio_median": statistics.median(r["memory_ratio"] for r in rounds),
+        "included_wall_ratio_median": statistics.median(r["included_wall_ratio"] for r in rounds),
+        "included_front_end_ratio_median": statistics.median(
+            r["included"]["front_end_seconds"] / r["plain"]["front_end_seconds"] for r in rounds),
         "front_end_ratio_median": statistics.median(
             r["accelerate"]["front_end_seconds"] / r["plain"]["front_end_seconds"] for r in rounds),
         "extra_code_bytes_by_origin": dict(sorted(extra.items(), key=lambda item: -item[1])),
