@@ -19,8 +19,8 @@ class Error : public std::runtime_error {
 namespace detail {
 
 // A message part as it is streamed: a string literal as `const char*`, so that messages whose
-// literals differ only in length share one instantiation of concat_parts (as arrays they made
-// 59 instantiations, 30 KiB of a trainer's object code, bench/README.md).
+// literals differ only in length share one instantiation of concat (as arrays they made 59
+// instantiations, 30 KiB of a trainer's object code, bench/README.md).
 template <class Part>
 const auto& message_part(const Part& part) {
   return part;
@@ -31,22 +31,17 @@ const Char* message_part(const Char (&part)[N]) {
 }
 
 template <class... Parts>
-std::string concat_parts(const Parts&... parts) {
+std::string concat(const Parts&... parts) {
   std::ostringstream out;
   (out << ... << parts);
   return out.str();
-}
-
-template <class... Parts>
-std::string concat(const Parts&... parts) {
-  return concat_parts(message_part(parts)...);
 }
 
 [[noreturn]] inline void throw_error(std::string message) { throw Error(std::move(message)); }
 
 template <class... Parts>
 [[noreturn]] void fail(const Parts&... parts) {
-  throw_error(concat_parts(message_part(parts)...));
+  throw_error(concat(message_part(parts)...));
 }
 
 }  // namespace detail
