@@ -56,7 +56,9 @@ TYPED_TEST(AccumulationStepConformance, AccumulatingMeansSomeMicroStepsSkipTheSy
   auto step = this->make();
   EXPECT_EQ(TestFixture::Step::accumulating, step.steps() > 1);
   // Off, the step state costs nothing.
-  if constexpr (!TestFixture::Step::accumulating) EXPECT_TRUE(std::is_empty_v<typename TestFixture::Step>);
+  if constexpr (!TestFixture::Step::accumulating) {
+    EXPECT_TRUE(std::is_empty_v<typename TestFixture::Step>);
+  }
 }
 
 TYPED_TEST(AccumulationStepConformance, TheLossIsDividedByTheWindowLength) {

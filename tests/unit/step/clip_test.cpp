@@ -71,7 +71,9 @@ TYPED_TEST(ClipStepConformance, NoElementGrowsAndClippingTwiceIsClippingOnce) {
   EXPECT_TRUE(torch::allclose(this->flat_gradients(), once, /*rtol=*/1e-5, /*atol=*/1e-7));
   // A policy that clips changes these gradients; one that does not is an empty type.
   EXPECT_EQ(!torch::equal(once, before), TestFixture::Step::active);
-  if constexpr (!TestFixture::Step::active) EXPECT_TRUE(std::is_empty_v<typename TestFixture::Step>);
+  if constexpr (!TestFixture::Step::active) {
+    EXPECT_TRUE(std::is_empty_v<typename TestFixture::Step>);
+  }
 }
 
 TEST(ClipStep, ClipNormRemembersThePreClipNormAndMeetsTheBound) {

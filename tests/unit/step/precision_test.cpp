@@ -83,7 +83,9 @@ TYPED_TEST(PrecisionStepConformance, ItsCheckpointStateIsRegisteredWhenItHasAny)
   step.register_state(registry);
   EXPECT_EQ(registry.step_states().size(), TestFixture::Step::scales_loss ? 1u : 0u);
   // An autocast-only policy is an empty type: it costs its accelerator nothing.
-  if constexpr (!TestFixture::Step::scales_loss) EXPECT_TRUE(std::is_empty_v<typename TestFixture::Step>);
+  if constexpr (!TestFixture::Step::scales_loss) {
+    EXPECT_TRUE(std::is_empty_v<typename TestFixture::Step>);
+  }
 }
 
 }  // namespace
