@@ -29,7 +29,9 @@ inline void fsync_path(const std::filesystem::path& path) {
 
 /// The hidden sibling in which `target` is assembled: ".<name>.incomplete".
 inline std::filesystem::path staging_path(const std::filesystem::path& target) {
-  return target.parent_path() / ("." + target.filename().string() + ".incomplete");
+  std::string name = ".";  // appended, not "." + ...: GCC 12 -Wstringop-overflow false positive
+  name.append(target.filename().string()).append(".incomplete");
+  return target.parent_path() / name;
 }
 
 /// Makes an empty staging folder for `target`, removing one a crashed save left behind.
