@@ -8,7 +8,9 @@
 // (get_state_dict, as stage 3's save_model did before it streamed) adds; it prints one JSON line.
 //   bench_zero --nproc W --backend ddp|zero1|zero2|zero3 [--params-millions 100] [--steps 4]
 //              [--save-model DIR] [--phases 1] [--retain-freed-memory 0|1] [--bias 0|1]
-//              [--prefetch-units 0|1] [--buckets-in-flight N]
+//              [--prefetch-units 0|1] [--buckets-in-flight N] [--huge-pages 0|1]
+// --huge-pages: AcceleratorOptions::huge_pages (default 1; THP_MEM_ALLOC_ENABLE, when set, wins);
+// the JSON's "huge_pages" says what LibTorch did.
 // --bias 0: layers without biases (as in most large transformers), so each weight is a bucket
 // of its own and the sharded stages send its gradient without copying it into a bucket.
 // --phases 1: in the last step, what forward, backward and the optimizer step each add to the
@@ -47,6 +49,7 @@ struct Args {
   bool bias = true;
   bool prefetch_units = true;         // DdpOptions::prefetch_units
   std::size_t buckets_in_flight = 2;  // DdpOptions::sharded_buckets_in_flight
+  bool huge_pages = true;             // AcceleratorOptions::huge_pages
 };
 
 // A line of /proc/self/status ("VmRSS:", "VmHWM:") in bytes.
@@ -97,6 +100,7 @@ template <class Backend>
 int run(const Args& a) {
   accelerate::Accelerator<Backend> acc{{.seed = 1,
                                         .retain_freed_memory = a.retain_freed_memory,
+                                        .huge_pages = a.huge_pages,
                                         .process_group = {.timeout = std::chrono::minutes(10)},
                                         .ddp = {.prefetch_units = a.prefetch_units,
                                                 .sharded_buckets_in_flight = a.buckets_in_flight}}};
@@ -178,6 +182,7 @@ int run(const Args& a) {
   nlohmann::json line = {{"backend", a.backend},
                          {"world_size", acc.num_processes()},
                          {"rank", acc.process_index()},
+                         {"huge_pages", accelerate::compat::cpu_huge_pages().value_or(false)},
                          {"parameters", params / 4},
                          {"param_bytes", held},
                          {"grad_bytes", grads},
@@ -217,6 +222,7 @@ int main(int argc, char** argv) {
       else if (std::strcmp(argv[i], "--bias") == 0) a.bias = std::string(argv[i + 1]) == "1";
       else if (std::strcmp(argv[i], "--prefetch-units") == 0) a.prefetch_units = std::string(argv[i + 1]) == "1";
       else if (std::strcmp(argv[i], "--buckets-in-flight") == 0) a.buckets_in_flight = std::stoul(argv[i + 1]);
+      else if (std::strcmp(argv[i], "--huge-pages") == 0) a.huge_pages = std::string(argv[i + 1]) == "1";
     }
     if (a.backend == "zero1") return run<accelerate::Zero<accelerate::Gloo, 1>>(a);
     if (a.backend == "zero2") return run<accelerate::Zero<accelerate::Gloo, 2>>(a);

@@ -163,15 +163,14 @@ class Accelerator {
   /// Builds the accelerator: validates the options, joins the other processes (distributed
   /// backends), picks the device, checks it supports the Precision policy, and seeds the
   /// generators when `options.seed` is set.
-  explicit Accelerator(AcceleratorOptions options = {}) : ctx_(validated(options), fingerprint(options)) {
+  explicit Accelerator(AcceleratorOptions options = {})
+      : cpu_memory_(options.retain_freed_memory.value_or(detail::retains_freed_memory_by_default<backend_policy>),
+                    options.huge_pages),
+        ctx_(validated(options), fingerprint(options)) {
     if constexpr (backend_policy::requires_cuda) {
       ACCELERATE_CHECK(ctx_.core.device.is_cuda(), "Accelerator<", backend_policy::name,
                        ">: needs a CUDA device, but none is visible");
     }
-    if (options.retain_freed_memory.value_or(detail::retains_freed_memory_by_default<backend_policy>))
-      detail::retain_freed_memory();
-    else
-      detail::return_freed_memory();
     if (options.seed) set_seed(*options.seed);
   }
 
@@ -1053,6 +1052,8 @@ class Accelerator {
                              "this step's batch");
   }
 
+  // First: the process's memory settings apply before the engine allocates anything.
+  [[no_unique_address]] detail::CpuMemorySettings cpu_memory_;
   context_type ctx_;
 };
 

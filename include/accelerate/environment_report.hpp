@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -22,6 +23,30 @@
 extern char** environ;
 
 namespace accelerate {
+
+namespace detail {
+// Asking LibTorch fixes its choice for the process, so it is asked only once the variable it
+// reads is set: a report printed before the Accelerator is built must not turn huge pages off.
+inline std::string cpu_huge_pages_line() {
+  std::string kernel = "unknown";
+  std::ifstream mode("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string modes;
+  if (std::getline(mode, modes)) {
+    const auto open = modes.find('['), close = modes.find(']');
+    if (open != std::string::npos && close > open) kernel = modes.substr(open + 1, close - open - 1);
+  }
+  const char* variable = std::getenv("THP_MEM_ALLOC_ENABLE");
+  std::string answer = "no (THP_MEM_ALLOC_ENABLE unset; an Accelerator sets it)";
+  if (variable != nullptr) {
+    const auto on = compat::cpu_huge_pages();
+    answer = !on ? "unknown in this LibTorch"
+             : *on ? "yes"
+                   : std::string("no (THP_MEM_ALLOC_ENABLE=") + variable +
+                         (std::atoi(variable) == 0 ? ")" : ", read before it was set: a CPU tensor came first)");
+  }
+  return answer + ", kernel THP mode " + kernel;
+}
+}  // namespace detail
 
 /// The environment, one "- key: value" line each, then LibTorch's own build configuration.
 /// Example:
@@ -54,6 +79,7 @@ inline std::string environment_report() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
   out << "- CPUs: " << std::thread::hardware_concurrency() << ", RAM: "
       << (pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) / (1 << 30) : 0.0) << " GiB\n";
+  out << "- CPU tensors on huge pages: " << detail::cpu_huge_pages_line() << '\n';
   try {
     const auto env = distributed::detect_environment();
     out << "- Distributed environment: " << env.source;
@@ -67,7 +93,8 @@ inline std::string environment_report() {
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
     if (entry.rfind("ACCELERATE_", 0) == 0 || entry.rfind("OMP_NUM_THREADS=", 0) == 0 ||
-        entry.rfind("GLOO_SOCKET_IFNAME=", 0) == 0 || entry.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0)
+        entry.rfind("GLOO_SOCKET_IFNAME=", 0) == 0 || entry.rfind("CUDA_VISIBLE_DEVICES=", 0) == 0 ||
+        entry.rfind("THP_MEM_ALLOC_ENABLE=", 0) == 0)
       out << "- " << entry << '\n';
   }
   out << "- LibTorch build configuration:\n";

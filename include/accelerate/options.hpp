@@ -249,9 +249,19 @@ struct AcceleratorOptions {
   /// trim threshold 128 MB): faster steps. False: buffers of 4 MB and more go back to the
   /// system when freed (mmap threshold fixed at 4 MB): the resident memory follows the memory
   /// in use. Unset: the Backend policy's choice, true except under Zero<_, N>, whose point is
-  /// memory (stage 3, 40M parameters, 2 ranks: peak 1.24 GB -> 0.81 GB per rank, steps about
-  /// 1.4x slower on CPU; bench/README.md).
+  /// memory (stage 3, 40M parameters, 2 ranks: peak 0.81 GB per rank against 0.89 GB kept,
+  /// 1.17 GB kept without huge pages; CPU steps 1.25x as long as kept with huge_pages, 1.3x
+  /// without; bench/README.md).
   std::optional<bool> retain_freed_memory;
+  /// Back CPU tensor buffers of 2 MB and more with transparent huge pages (LibTorch's
+  /// THP_MEM_ALLOC_ENABLE=1, set by the constructor unless the environment sets it already, so
+  /// THP_MEM_ALLOC_ENABLE=0 still turns it off). A buffer faulted in costs 512 times fewer page
+  /// faults: 40M parameters, 2 ranks, CPU, steps 1.07-1.3x faster for data parallel and every
+  /// ZeRO stage, peak memory equal or lower (bench/README.md). Process-wide, and only in effect
+  /// when the Accelerator is built before any CPU tensor (as in the quickstart); the
+  /// environment report says whether it is. Needs the kernel's THP mode `madvise` or `always`.
+  /// Example: `Acc acc{{.huge_pages = false}};`
+  bool huge_pages = true;
 
   // --- the training step ---
   /// Step prepared schedulers only when the optimizer really stepped (num_processes times, as

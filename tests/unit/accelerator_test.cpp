@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -74,6 +75,44 @@ TEST(RetainFreedMemory, TrueKeepsBuffersInTheHeapFalseHandsThemBack) {
   EXPECT_EXIT(exit_with_where_an_8_mb_buffer_lives(false), testing::ExitedWithCode(0), "");
 #else
   GTEST_SKIP() << "the C library is not glibc: retain_freed_memory changes nothing";
+#endif
+}
+
+#if defined(__linux__) && !defined(__ANDROID__)
+enum class Before { nothing, report, tensor };
+
+// In a fresh process: THP_MEM_ALLOC_ENABLE set to `variable` (nullptr: unset), then `before`,
+// then an Accelerator with `huge_pages`; exits with 0 when LibTorch backs large CPU buffers
+// with huge pages (it then aligns them to the page), 1 when not.
+[[noreturn]] void exit_with_whether_large_buffers_use_huge_pages(const char* variable, bool huge_pages,
+                                                                 Before before = Before::nothing) {
+  if (variable != nullptr) ::setenv("THP_MEM_ALLOC_ENABLE", variable, 1);
+  else ::unsetenv("THP_MEM_ALLOC_ENABLE");
+  if (before == Before::report) (void)accelerate::environment_report();
+  if (before == Before::tensor) (void)torch::zeros({4});
+  { accelerate::Accelerator<> acc{{.cpu = true, .huge_pages = huge_pages}}; }
+  const torch::Tensor buffer = torch::empty({1 << 20});  // 4 MB
+  const auto on = accelerate::compat::cpu_huge_pages();
+  const bool page_aligned = reinterpret_cast<std::uintptr_t>(buffer.data_ptr()) % 4096 == 0;
+  std::exit(on.value_or(page_aligned) && page_aligned ? 0 : 1);
+}
+#endif
+
+TEST(HugePages, OnUnlessTheOptionOrTheEnvironmentSaysOtherwise) {
+#if defined(__linux__) && !defined(__ANDROID__)
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // each case in a fresh process
+  EXPECT_EXIT(exit_with_whether_large_buffers_use_huge_pages(nullptr, true), testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(exit_with_whether_large_buffers_use_huge_pages(nullptr, false), testing::ExitedWithCode(1), "");
+  EXPECT_EXIT(exit_with_whether_large_buffers_use_huge_pages("0", true), testing::ExitedWithCode(1), "")
+      << "the environment's 0 wins over the default";
+  EXPECT_EXIT(exit_with_whether_large_buffers_use_huge_pages("1", false), testing::ExitedWithCode(0), "")
+      << "false leaves the environment's choice";
+  EXPECT_EXIT(exit_with_whether_large_buffers_use_huge_pages(nullptr, true, Before::report), testing::ExitedWithCode(0), "")
+      << "a report printed first must not fix LibTorch's choice";
+  EXPECT_EXIT(exit_with_whether_large_buffers_use_huge_pages(nullptr, true, Before::tensor), testing::ExitedWithCode(1), "")
+      << "LibTorch reads the variable at the first CPU allocation: too late after a tensor";
+#else
+  GTEST_SKIP() << "LibTorch's huge pages are a Linux feature";
 #endif
 }
 

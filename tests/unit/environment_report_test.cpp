@@ -12,6 +12,7 @@ TEST(Environment, ReportNamesVersionsPoliciesAndTheDistributedSetting) {
   EXPECT_NE(report.find("Policies: Backend=accelerate::Gloo Precision=accelerate::Bf16"), std::string::npos) << report;
   EXPECT_NE(report.find("Distributed environment: "), std::string::npos) << report;
   EXPECT_NE(report.find("Gloo backend: compiled in"), std::string::npos) << report;
+  EXPECT_NE(report.find("CPU tensors on huge pages: "), std::string::npos) << report;
 }
 
 }  // namespace

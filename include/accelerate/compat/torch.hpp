@@ -1,14 +1,19 @@
 // The only place (with compat/c10d.hpp) that knows one LibTorch 2.x release from another:
-// autocast entry points, the fused AMP kernels, and scheduler internals we must save.
+// autocast entry points, the fused AMP kernels, the CPU allocator's huge pages, and scheduler
+// internals we must save.
 #pragma once
 
 #include <cstddef>
+#include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/DeviceType.h>
+#include <c10/core/alignment.h>
+#include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/ScalarType.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
@@ -109,6 +114,31 @@ inline void update_scale(at::Tensor& scale, at::Tensor& growth_tracker, const at
       growth_tracker.zero_();
     }
   }
+}
+
+// --- CPU buffers on transparent huge pages ------------------------------------------------
+// LibTorch's CPU allocator asks the kernel for huge pages (madvise MADV_HUGEPAGE, 2 MB each)
+// for buffers of 2 MB and more when THP_MEM_ALLOC_ENABLE=1; it reads the variable once, at the
+// process's first CPU allocation, and then aligns those buffers to the page size instead of 64
+// bytes. Read from the allocator itself in 2.11; older releases report "unknown".
+#if defined(__linux__) && !defined(__ANDROID__)
+/// Sets THP_MEM_ALLOC_ENABLE=1 unless the environment already says something. It takes effect
+/// only if this process has not allocated a CPU tensor yet; like any setenv, call it before
+/// other threads read the environment.
+inline void request_cpu_huge_pages() noexcept { ::setenv("THP_MEM_ALLOC_ENABLE", "1", /*overwrite=*/0); }
+#else
+inline void request_cpu_huge_pages() noexcept {}
+#endif
+
+/// Whether LibTorch backs this process's large CPU buffers with huge pages; nullopt where this
+/// release does not say.
+inline std::optional<bool> cpu_huge_pages() {
+#if defined(__linux__) && !defined(__ANDROID__) && \
+    (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11))
+  return c10::c10_compute_alignment(std::size_t{2} << 20) != c10::gAlignment;
+#else
+  return std::nullopt;
+#endif
 }
 
 // --- schedulers --------------------------------------------------------------------------
