@@ -290,6 +290,25 @@ class Accelerator {
         prepare_one(std::forward<Objects>(objects))...};
   }
 
+  /// Stage 3 (Zero<_, 3>): cuts a unit of the model to this rank's slices the moment it is
+  /// built, so that no rank ever holds the whole model (LibTorch has no meta-device
+  /// construction, FSDP's and DeepSpeed zero.Init's way): build the model unit by unit and pass
+  /// each, initialised, through shard_unit before building the next. Rank 0's values are kept,
+  /// as prepare would broadcast them; the unit's trainable parameters are empty tensors until
+  /// prepare gathers them, one at a time, into the slices stage 3 keeps. A collective: every
+  /// rank cuts the same units in the same order. With one process the unit is left whole.
+  /// Example:
+  ///   torch::nn::Sequential net;  // its children are stage 3's units
+  ///   for (int i = 0; i < 48; ++i) net->push_back(acc.shard_unit(Block(config)));
+  ///   torch::optim::AdamW adamw(net->parameters());
+  ///   auto [model, opt] = acc.prepare(net, adamw);
+  template <class Unit>
+    requires requires(engine_type& engine, torch::nn::Module& unit) { engine.shard_as_built(unit); }
+  Unit shard_unit(Unit unit) {
+    ctx_.engine.shard_as_built(*unit);
+    return unit;
+  }
+
   /// The user's module behind a prepared model (Accelerate's unwrap_model).
   template <class Holder>
   Holder& unwrap_model(PreparedModel<Holder, Accelerator>& model) const noexcept {

@@ -373,9 +373,11 @@ struct UnitProbeImpl : torch::nn::Module {
 };
 TORCH_MODULE(UnitProbe);
 
-// `lean`: DdpOptions::prefetch_units off and sharded_buckets_in_flight 0.
+// `lean`: DdpOptions::prefetch_units off and sharded_buckets_in_flight 0. `built_by_unit`
+// (stage 3): each Linear passed through shard_unit as it is built.
 template <class Backend>
-std::string train_sequential(torch::Tensor& result, const std::string& tag, bool lean = false) {
+std::string train_sequential(torch::Tensor& result, const std::string& tag, bool lean = false,
+                             bool built_by_unit = false) {
   auto options = options_for({true, 2, 0.05, Buckets::one});
   if (lean) {
     options.ddp.prefetch_units = false;
@@ -384,13 +386,26 @@ std::string train_sequential(torch::Tensor& result, const std::string& tag, bool
   ShardTestAccelerator<Backend> acc{options};
   torch::manual_seed(5);
   torch::nn::Linear first(kIn, kHidden), middle(kHidden, 4), last(4, kOut);  // 35, 24 and 15 parameters
+  std::string problems;
+  if constexpr (requires { acc.shard_unit(first); }) {
+    if (built_by_unit) {
+      for (auto* unit : {&first, &middle, &last}) {  // one at a time: the same order on every rank
+        {  // values only rank 0 has: shard_unit keeps rank 0's, as prepare does
+          torch::NoGradGuard no_grad;
+          (*unit)->weight.add_(acc.process_index());
+        }
+        *unit = acc.shard_unit(*unit);
+        if ((*unit)->weight.numel() != 0 || (*unit)->bias.numel() != 0)
+          problems += tag + ": a unit's parameters are still whole after shard_unit; ";
+      }
+    }
+  }
   UnitProbe probe(first, middle);
   torch::nn::Sequential net(first, torch::nn::ReLU(), middle, probe, last);
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
   auto [model, opt] = acc.prepare(net, optimizer);
   probe->allgathers = [&acc] { return acc.stats().allgather.calls; };
   const std::uint64_t allgathers_before = acc.stats().allgather.calls;
-  std::string problems;
   const int micro_steps = 2 * 6;
   train_micro_steps(acc, model, opt, micro_steps);
   if constexpr (!std::is_same_v<Backend, accelerate::Gloo>) {
@@ -399,10 +414,14 @@ std::string train_sequential(torch::Tensor& result, const std::string& tag, bool
       problems += "the probe saw " + std::to_string(probe->seen_first) + " and " + std::to_string(probe->seen_previous) +
                   " elements in " + std::to_string(probe->calls) + " calls; ";
     // Forward gathers the 3 units with parameters; backward regathers units 2 and 0 (the last
-    // stays gathered for it): 5 all-gathers per micro-step, nothing after the step.
+    // stays gathered for it): 5 all-gathers per micro-step, nothing after the step. (Built
+    // unit by unit, prepare all-gathered each of the 6 parameters once before.)
     const auto stats = acc.stats();
-    if (stats.allgather.calls != 5 * micro_steps)
-      problems += std::to_string(stats.allgather.calls) + " all-gathers, expected " + std::to_string(5 * micro_steps) + "; ";
+    if (stats.allgather.calls - allgathers_before != static_cast<std::uint64_t>(5 * micro_steps) ||
+        allgathers_before != (built_by_unit ? 6u : 0u))
+      problems += tag + ": " + std::to_string(allgathers_before) + " + " +
+                  std::to_string(stats.allgather.calls - allgathers_before) + " all-gathers, expected " +
+                  std::to_string(built_by_unit ? 6 : 0) + " + " + std::to_string(5 * micro_steps) + "; ";
     // When the probe first ran units 0 and 2 had been gathered and, prefetching, unit 4's
     // all-gather had started too.
     const std::uint64_t started = probe->allgathers_at_first_call - allgathers_before;
@@ -438,13 +457,16 @@ std::string train_sequential(torch::Tensor& result, const std::string& tag, bool
 }
 
 ACCELERATE_WORKER(zero3_sequential) {
-  torch::Tensor ddp, zero3;
-  torch::Tensor lean;
-  std::string problems = train_sequential<accelerate::Gloo>(ddp, "ddp") +
-                         train_sequential<accelerate::Zero<accelerate::Gloo, 3>>(zero3, "zero3") +
-                         train_sequential<accelerate::Zero<accelerate::Gloo, 3>>(lean, "zero3_lean", /*lean=*/true);
+  torch::Tensor ddp, zero3, lean, built;
+  using Zero3 = accelerate::Zero<accelerate::Gloo, 3>;
+  std::string problems = train_sequential<accelerate::Gloo>(ddp, "ddp") + train_sequential<Zero3>(zero3, "zero3") +
+                         train_sequential<Zero3>(lean, "zero3_lean", /*lean=*/true) +
+                         train_sequential<Zero3>(built, "zero3_built", false, /*built_by_unit=*/true);
   problems += differences("stage 3", ddp, zero3, 1e-6);
   problems += differences("stage 3 without prefetch or buckets in flight", ddp, lean, 1e-6);
+  // Cut as built, the slices are rank 0's values as prepare would have broadcast them: the
+  // same training to the bit.
+  if (!torch::equal(zero3, built)) problems += differences("stage 3 built unit by unit", ddp, built, 0) + "(not equal to stage 3); ";
   return exit_code(problems);
 }
 
@@ -824,6 +846,16 @@ ACCELERATE_WORKER(zero_errors) {
     }
     const auto gathered = acc.gather(flat_parameters(*net).unsqueeze(0));
     if (!torch::equal(gathered[0], gathered[1])) problems += "ranks hold different models; ";
+  }
+  {  // shard_unit on units that differ between ranks: refused on every rank before any collective
+    accelerate::Accelerator<accelerate::Zero<accelerate::Gloo, 3>> acc{{.process_group = {.timeout = 60s}}};
+    torch::nn::Linear unit(kIn, kHidden + acc.process_index());
+    const auto refused = accelerate::testing::error_of([&] { (void)acc.shard_unit(unit); });
+    if (refused.find("shard_unit: unit #0 must have the same parameter names, dtypes and shapes on every rank") ==
+        std::string::npos)
+      problems += "shard_unit: " + refused + "; ";
+    if (unit->weight.numel() != kIn * (kHidden + acc.process_index())) problems += "a refused unit was cut; ";
+    acc.wait_for_everyone();  // the engine still works
   }
   return exit_code(problems);
 }

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -253,14 +254,16 @@ class ProcessGroupEngine {
   /// (sharded engines).
   ReducerHandle make_model_sync(torch::nn::Module& module, const std::string& name,
                                 const AcceleratorOptions& options, Sharding sharding,
-                                std::vector<std::string> units = {}) {
+                                std::vector<std::string> units = {},
+                                std::unordered_map<const c10::TensorImpl*, BuiltSlice> built = {}) {
     if (!comm_) return {};
     check_same_model(module, name);
-    broadcast_state(module, options.ddp.broadcast_buffers);
+    broadcast_state(module, options.ddp.broadcast_buffers);  // (a parameter cut as built is empty)
     std::vector<std::pair<std::string, at::Tensor>> params;
     for (auto& item : module.named_parameters(true)) params.emplace_back(item.key(), item.value());
     ReducerOptions reducer_options = ReducerOptions::from(options.ddp, sharding);
     reducer_options.units = std::move(units);
+    reducer_options.built = std::move(built);
     auto reducer = std::make_shared<GradientReducer>(std::move(params), comm_, std::move(reducer_options));
     reducer->install_hooks();
     std::vector<at::Tensor> buffers;
@@ -269,8 +272,9 @@ class ProcessGroupEngine {
     return ReducerHandle(std::move(reducer), std::move(buffers), comm_);
   }
 
- private:
-  void check_same_model(torch::nn::Module& module, const std::string& name) {
+  /// Fails on every rank unless `module` has the same tensor names, dtypes and shapes on all;
+  /// the error starts "<caller>: <name> must have".
+  void check_same_model(torch::nn::Module& module, const std::string& name, const std::string& caller = "prepare") {
     std::ostringstream shapes;
     for (const auto& [key, tensor] : checkpoint::named_tensors(module)) {
       shapes << key << ":" << tensor.scalar_type() << "[";
@@ -281,9 +285,11 @@ class ProcessGroupEngine {
     const std::string prefix = next_check_key("model/" + name);
     wait_for_all(*store_, prefix, env_, mine, timeout_, "model check");
     check_same_everywhere(*store_, prefix, env_, mine,
-                          "prepare: " + name + " must have the same parameter names, dtypes and "
+                          caller + ": " + name + " must have the same parameter names, dtypes and "
                           "shapes on every rank");
   }
+
+ private:
 
   void broadcast_state(torch::nn::Module& module, bool with_buffers) {
     std::vector<at::Tensor> tensors = module.parameters(true);

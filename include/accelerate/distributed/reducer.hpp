@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <unordered_set>
 #include <sstream>
 #include <string>
@@ -57,6 +58,13 @@ enum class Sharding {
   parameters,
 };
 
+/// A parameter cut the moment it was built: its shape, and this rank's slice of its flattened
+/// values, elements [rank * L, rank * L + L) for L = ceil(numel / world size), zeros past the end.
+struct BuiltSlice {
+  std::vector<int64_t> shape;
+  at::Tensor slice;
+};
+
 /// Bucket sizes, unused-parameter handling, bucket views, arrival order and compression (from
 /// AcceleratorOptions::ddp, where each is documented), and the sharding. Arrival order and
 /// compression apply to Sharding::none (a sharded optimizer's slices are cut from the bucket
@@ -79,6 +87,9 @@ struct ReducerOptions {
   bool prefetch_units = true;
   /// Sharding::gradients and parameters: launched buckets whose full buffers stay alive.
   std::size_t buckets_in_flight = 2;
+  /// Sharding::parameters: the parameters cut as they were built (ShardedEngine::
+  /// shard_as_built), each an empty tensor until prepared, by TensorImpl.
+  std::unordered_map<const c10::TensorImpl*, BuiltSlice> built = {};
 
   /// The reducer options of AcceleratorOptions::ddp.
   static ReducerOptions from(const DdpOptions& ddp, Sharding sharding = Sharding::none) {
@@ -149,7 +160,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
  public:
   GradientReducer(std::vector<std::pair<std::string, at::Tensor>> named_params,
                   std::shared_ptr<Communicator> comm, ReducerOptions options)
-      : comm_(std::move(comm)), options_(options) {
+      : comm_(std::move(comm)), options_(std::move(options)) {
     ACCELERATE_CHECK(!sharded() || options_.compression == GradientCompression::none,
                      "gradient compression (AcceleratorOptions::ddp.compression = ", to_string(options_.compression),
                      ") works with replicated data parallel only, not with a sharded backend");
@@ -168,18 +179,28 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
                          "' is not contiguous, so its shard cannot be a view of it");
       names_.push_back(name);
       params_.push_back(p);
-      shape_.emplace_back(p.sizes().begin(), p.sizes().end());
-      numel_.push_back(p.numel());
+      const auto built = options_.built.find(p.unsafeGetTensorImpl());
+      if (built != options_.built.end()) {
+        ACCELERATE_CHECK(shards_parameters(), "parameter '", name,
+                         "' was cut as it was built (shard_as_built), which only stage 3 can prepare");
+        shape_.push_back(built->second.shape);
+        numel_.push_back(c10::multiply_integers(shape_.back()));
+        built_.push_back(std::move(built->second.slice));
+      } else {
+        shape_.emplace_back(p.sizes().begin(), p.sizes().end());
+        numel_.push_back(p.numel());
+        built_.emplace_back();
+      }
     }
+    options_.built.clear();
     assign_units();
     build_buckets(initial_order());
     // Each parameter's gradient accumulator, made while the parameter is whole: it records
-    // the parameter's shape, and stage 3 releases the parameters right away.
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[i]));
-      ACCELERATE_CHECK(accumulators_.back() != nullptr, "GradientReducer: parameter '", names_[i],
-                       "' is not a leaf that accumulates gradients");
-    }
+    // the parameter's shape, and stage 3 releases the parameters right away (one cut as it
+    // was built gets its own once shard_parameters has made it whole).
+    accumulators_.resize(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!built_[i].defined()) make_accumulator(i);
     if (shards_parameters()) shard_parameters();
     if (sharded()) build_shard_pieces();
     ready_.assign(params_.size(), false);
@@ -700,10 +721,17 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     for (std::size_t i = 0; i < params_.size(); ++i) units_[unit_of_[i]].params.push_back(i);
   }
 
+  void make_accumulator(std::size_t index) {
+    accumulators_[index] = torch::autograd::impl::grad_accumulator(params_[index]);
+    ACCELERATE_CHECK(accumulators_[index] != nullptr, "GradientReducer: parameter '", names_[index],
+                     "' is not a leaf that accumulates gradients");
+  }
+
   // Stage 3, at construction: each bucket's parameters copied into its flat buffer, which
   // they become views of, this rank's slice of it kept apart, and the buffer released before
   // the next bucket's is made, so the model exists about once while it is cut (all the
-  // buffers at once were a second model at prepare, bench/README.md).
+  // buffers at once were a second model at prepare, bench/README.md). A parameter cut as it
+  // was built is all-gathered from every rank's slice instead, one at a time.
   void shard_parameters() {
     torch::NoGradGuard no_grad;
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -712,8 +740,17 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       bucket.param_full = at::zeros({bucket.padded}, bucket.options);
       for (std::size_t j = 0; j < bucket.params.size(); ++j) {
         const std::size_t index = bucket.params[j];
-        bucket.param_full.narrow(0, bucket.offsets[j], numel_[index]).copy_(params_[index].detach().reshape(-1));
+        at::Tensor place = bucket.param_full.narrow(0, bucket.offsets[j], numel_[index]);
+        if (built_[index].defined()) {
+          at::Tensor whole = at::empty({built_[index].numel() * comm_->world_size()}, bucket.options);
+          comm_->all_gather_into(whole, built_[index], "stage 3 prepare of parameters cut as they were built");
+          place.copy_(whole.narrow(0, 0, numel_[index]));
+          built_[index] = at::Tensor();
+        } else {
+          place.copy_(params_[index].detach().reshape(-1));
+        }
         params_[index].set_data(storage_alias(bucket.param_full, bucket.offsets[j], shape_[index]));
+        if (!accumulators_[index]) make_accumulator(index);
       }
       const int64_t slice = slice_length(bucket);
       bucket.param_shard = bucket.param_full.narrow(0, comm_->rank() * slice, slice).clone();
@@ -1022,6 +1059,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::vector<bool> unreachable_;  // predicted unused by the last forward; empty: no prediction
   std::vector<std::string> late_;  // predicted unused, yet a gradient came
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // until install_hooks()
+  std::vector<at::Tensor> built_;  // stage 3: this rank's slice of a parameter cut as it was built, until prepared
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
   std::vector<ShardPiece> pieces_;          // sharded: this rank's slices
   std::vector<at::Tensor> piece_tensors_;   // sharded: views of the parameters' storage

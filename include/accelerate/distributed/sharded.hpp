@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -178,7 +179,14 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     const auto unit_modules = listed_units(module, listed);
     if (Stage == 3 && listed.empty() && dynamic_cast<torch::nn::SequentialImpl*>(&module) != nullptr)
       for (const auto& child : module.named_children()) units.push_back(child.key());
-    ReducerHandle handle = Base::make_model_sync(module, name, options, sharding, std::move(units));
+    std::unordered_map<const c10::TensorImpl*, BuiltSlice> built;  // its parameters cut as built
+    for (auto& p : module.parameters(true)) {
+      const auto it = built_.find(p.unsafeGetTensorImpl());
+      if (it == built_.end()) continue;
+      built.insert(std::move(*it));
+      built_.erase(it);
+    }
+    ReducerHandle handle = Base::make_model_sync(module, name, options, sharding, std::move(units), std::move(built));
     if (!handle.shared_reducer()) {  // one process: each parameter is its own whole shard
       for (auto& item : module.named_parameters(true))
         if (item.value().requires_grad()) whole_[item.value().unsafeGetTensorImpl()] = {name, item.key()};
@@ -206,6 +214,34 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
       }
     }
     return sync;
+  }
+
+  /// Stage 3: cuts `unit`'s trainable parameters to this rank's slices the moment it is built
+  /// (Accelerator::shard_unit): rank 0's values are broadcast, as prepare would, each rank
+  /// keeps ceil(numel / W) of each parameter's flattened values, and the parameter becomes an
+  /// empty tensor until prepare all-gathers it into its bucket (one parameter at a time). So a
+  /// model built unit by unit never exists whole on any rank. A collective: every rank cuts
+  /// the same units in the same order. With one process nothing is cut.
+  void shard_as_built(torch::nn::Module& unit)
+    requires(Stage == 3)
+  {
+    Communicator* comm = this->communicator();
+    if (comm == nullptr) return;
+    this->check_same_model(unit, "unit #" + std::to_string(units_built_++), "shard_unit");
+    std::vector<at::Tensor> params;
+    for (auto& p : unit.parameters(true))
+      if (p.requires_grad() && p.numel() > 0 && !built_.contains(p.unsafeGetTensorImpl())) params.push_back(p);
+    broadcast_flat(*comm, params, 0);
+    torch::NoGradGuard no_grad;
+    const int64_t world = comm->world_size();
+    for (auto& p : params) {
+      const int64_t numel = p.numel(), length = (numel + world - 1) / world;
+      const int64_t begin = std::min(numel, comm->rank() * length), end = std::min(numel, begin + length);
+      at::Tensor slice = at::zeros({length}, p.options().device(this->collective_device()));
+      slice.narrow(0, 0, end - begin).copy_(p.detach().reshape(-1).narrow(0, begin, end - begin));
+      built_[p.unsafeGetTensorImpl()] = {std::vector<int64_t>(p.sizes().begin(), p.sizes().end()), std::move(slice)};
+      p.set_data(at::empty({0}, p.options()));
+    }
   }
 
   /// Hands the heap's free pages back to the OS (glibc's malloc_trim; elsewhere nothing).
@@ -258,6 +294,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     whole_.clear();
     slices_.clear();
     shards_.clear();
+    built_.clear();
   }
 
   /// Narrows the optimizer's param groups to this rank's slices of its parameters (1-D views
@@ -849,6 +886,9 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
   std::map<const c10::TensorImpl*, std::pair<std::string, std::string>> whole_;
   std::set<const c10::TensorImpl*> slices_;  // every slice tensor (clip_grad_norm_ looks them up each step)
   std::map<const torch::optim::Optimizer*, OptimizerShard> shards_;
+  // Stage 3: parameters cut as they were built, until the model holding them is prepared.
+  std::unordered_map<const c10::TensorImpl*, BuiltSlice> built_;
+  std::size_t units_built_ = 0;
 };
 
 }  // namespace accelerate::distributed
