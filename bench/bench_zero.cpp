@@ -8,14 +8,16 @@
 // (get_state_dict, as stage 3's save_model did before it streamed) adds; it prints one JSON line.
 //   bench_zero --nproc W --backend ddp|zero1|zero2|zero3 [--params-millions 100] [--steps 4]
 //              [--save-model DIR] [--phases 1] [--retain-freed-memory 0|1] [--bias 0|1]
-//              [--prefetch-units 0|1] [--buckets-in-flight N] [--huge-pages 0|1]
+//              [--prefetch-units 0|1] [--buckets-in-flight N] [--huge-pages 0|1] [--build-units 0|1]
 // --huge-pages: AcceleratorOptions::huge_pages (default 1; THP_MEM_ALLOC_ENABLE, when set, wins);
 // the JSON's "huge_pages" says what LibTorch did.
 // --bias 0: layers without biases (as in most large transformers), so each weight is a bucket
 // of its own and the sharded stages send its gradient without copying it into a bucket.
 // --phases 1: in the last step, what forward, backward and the optimizer step each add to the
 // resident memory at their peak, the peak of the earlier steps, and before them the resident
-// memory with the model built and the peak of prepare.
+// memory with the model built, the peak while it was built, and the peak of prepare.
+// --build-units 1 (zero3): each layer passed through Accelerator::shard_unit as it is built, so
+// no rank holds the whole model.
 // bench/zero.sh runs the variants in rotation and writes the table in bench/README.md.
 #include <accelerate/accelerate.hpp>
 #include <accelerate/distributed/sharded.hpp>
@@ -50,6 +52,7 @@ struct Args {
   bool prefetch_units = true;         // DdpOptions::prefetch_units
   std::size_t buckets_in_flight = 2;  // DdpOptions::sharded_buckets_in_flight
   bool huge_pages = true;             // AcceleratorOptions::huge_pages
+  bool build_units = false;           // zero3: Accelerator::shard_unit on each layer as built
 };
 
 // A line of /proc/self/status ("VmRSS:", "VmHWM:") in bytes.
@@ -74,13 +77,19 @@ std::int64_t peak_added_by(Fn&& fn) {
 }
 
 // Square layers whose parameters add up to about the requested count.
-torch::nn::Sequential make_model(double millions, bool bias) {
-  const int64_t layers = 10;
-  const auto width = static_cast<int64_t>(std::sqrt(millions * 1e6 / static_cast<double>(layers)));
+constexpr int64_t kLayers = 10;
+int64_t layer_width(double millions) {
+  return static_cast<int64_t>(std::sqrt(millions * 1e6 / static_cast<double>(kLayers)));
+}
+
+// Ten width x width Linears with ReLUs between; `cut` sees each Linear as it is built.
+template <class Cut>
+torch::nn::Sequential make_model(double millions, bool bias, Cut cut) {
+  const int64_t width = layer_width(millions);
   torch::nn::Sequential net;
-  for (int64_t i = 0; i < layers; ++i) {
-    net->push_back(torch::nn::Linear(torch::nn::LinearOptions(width, width).bias(bias)));
-    if (i + 1 < layers) net->push_back(torch::nn::ReLU());
+  for (int64_t i = 0; i < kLayers; ++i) {
+    net->push_back(cut(torch::nn::Linear(torch::nn::LinearOptions(width, width).bias(bias))));
+    if (i + 1 < kLayers) net->push_back(torch::nn::ReLU());
   }
   return net;
 }
@@ -104,14 +113,21 @@ int run(const Args& a) {
                                         .process_group = {.timeout = std::chrono::minutes(10)},
                                         .ddp = {.prefetch_units = a.prefetch_units,
                                                 .sharded_buckets_in_flight = a.buckets_in_flight}}};
-  auto net = make_model(a.params_millions, a.bias);
-  const int64_t width = net[0]->as<torch::nn::Linear>()->weight.size(1);
-  std::uint64_t params = 0;  // of the whole model
-  for (const auto& p : net->parameters()) params += bytes_of(p);
+  auto net = make_model(a.params_millions, a.bias, [&](torch::nn::Linear layer) {
+    if constexpr (requires { acc.shard_unit(layer); })
+      if (a.build_units) return acc.shard_unit(layer);
+    return layer;
+  });
+  const int64_t width = layer_width(a.params_millions);
+  const std::uint64_t params = static_cast<std::uint64_t>(kLayers * (width * width + (a.bias ? width : 0))) * 4;  // the whole model's
   torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-4));
   nlohmann::json phases = nlohmann::json::object();
   std::int64_t peak_seen = 0;  // --phases resets the high-water mark: the peak before each reset
-  if (a.phases) phases["resident_built_bytes"] = status_bytes("VmRSS:");  // LibTorch and the model as built
+  if (a.phases) {
+    phases["resident_built_bytes"] = status_bytes("VmRSS:");  // LibTorch and the model as built
+    phases["build_peak_bytes"] = status_bytes("VmHWM:");      // LibTorch's start, the Accelerator, the build
+    reset_peak();
+  }
   auto [model, opt] = acc.prepare(net, adamw);
   if (a.phases) {  // prepare's own peak; the high-water mark starts again for the steps
     peak_seen = status_bytes("VmHWM:");
@@ -194,6 +210,7 @@ int run(const Args& a) {
                          {"peak_rss_bytes", std::max<std::uint64_t>(static_cast<std::uint64_t>(usage.ru_maxrss) * 1024,
                                                                      static_cast<std::uint64_t>(peak_seen))}};
   line["bias"] = a.bias;
+  line["build_units"] = a.build_units;
   line["prefetch_units"] = a.prefetch_units;
   line["buckets_in_flight"] = a.buckets_in_flight;
   if (const auto* reducer = model.model_sync().reducer()) line["adopted_gradients"] = reducer->adopted_gradients();
@@ -223,6 +240,7 @@ int main(int argc, char** argv) {
       else if (std::strcmp(argv[i], "--prefetch-units") == 0) a.prefetch_units = std::string(argv[i + 1]) == "1";
       else if (std::strcmp(argv[i], "--buckets-in-flight") == 0) a.buckets_in_flight = std::stoul(argv[i + 1]);
       else if (std::strcmp(argv[i], "--huge-pages") == 0) a.huge_pages = std::string(argv[i + 1]) == "1";
+      else if (std::strcmp(argv[i], "--build-units") == 0) a.build_units = std::string(argv[i + 1]) == "1";
     }
     if (a.backend == "zero1") return run<accelerate::Zero<accelerate::Gloo, 1>>(a);
     if (a.backend == "zero2") return run<accelerate::Zero<accelerate::Gloo, 2>>(a);
