@@ -230,7 +230,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     this->check_same_model(unit, "unit #" + std::to_string(units_built_++), "shard_unit");
     std::vector<at::Tensor> params;
     for (auto& p : unit.parameters(true))
-      if (p.requires_grad() && p.numel() > 0 && !built_.contains(p.unsafeGetTensorImpl())) params.push_back(p);
+      if (p.requires_grad() && p.numel() > 0) params.push_back(p);  // (one cut already is empty)
     broadcast_flat(*comm, params, 0);
     torch::NoGradGuard no_grad;
     const int64_t world = comm->world_size();
