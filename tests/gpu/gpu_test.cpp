@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <ATen/core/CachingHostAllocator.h>
+
 #include "../support/models.hpp"
 
 namespace {
@@ -54,6 +56,53 @@ TEST(Gpu, Fp16ScalerSkipsOnCuda) {
   EXPECT_TRUE(acc.optimizer_step_was_skipped());
   EXPECT_TRUE(torch::equal(before, flat_parameters(*net)));
   EXPECT_DOUBLE_EQ(acc.loss_scale(), 32768.0);
+}
+
+TEST(Gpu, StagerCopiesOnASideStreamThroughReusedPinnedBuffers) {
+  ACCELERATE_REQUIRE_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  accelerate::data::DeviceStager<> stager(accelerate::data::StreamTransfer{cuda});
+  const auto compute = c10::impl::VirtualGuardImpl(c10::kCUDA).getStream(cuda);
+  EXPECT_NE(stager.transfer().side_stream(), compute);
+  std::vector<std::pair<at::Tensor, at::Tensor>> sources;
+  std::vector<at::Tensor> sums;  // queued on the compute stream right after each batch is staged
+  std::vector<std::pair<at::Tensor, at::Tensor>> staged;
+  for (int k = 0; k < 20; ++k) {
+    sources.emplace_back(at::randn({512, 1024}), at::randint(0, 10, {512}));
+    staged.push_back(stager.stage(sources.back()));
+    EXPECT_TRUE(staged.back().first.is_cuda());
+    sums.push_back(staged.back().first.sum());
+  }
+  for (int k = 0; k < 20; ++k) {
+    EXPECT_TRUE(at::equal(staged[k].first.cpu(), sources[k].first)) << "batch " << k;
+    EXPECT_TRUE(at::equal(staged[k].second.cpu(), sources[k].second)) << "batch " << k;
+    EXPECT_TRUE(at::allclose(sums[k].cpu(), sources[k].first.sum(), 1e-4, 1e-2)) << "batch " << k;
+  }
+  EXPECT_EQ(stager.host_allocations(), 4u);  // two slots of two buffers, for twenty batches
+}
+
+TEST(Gpu, PreparedLoaderAllocatesNoPinnedMemoryPerBatch) {
+  ACCELERATE_REQUIRE_CUDA();
+  auto* host_allocator = at::getHostAllocator(at::kCUDA);
+  const auto requests = [&] { return host_allocator->get_stats().active_requests.allocated; };
+  const auto before_probe = requests();
+  (void)at::ones({16}).pin_memory();
+  ASSERT_GT(requests(), before_probe) << "the host allocator does not count requests: this test cannot see them";
+  accelerate::Accelerator<> acc;
+  const auto data = accelerate::testing::regression_data(64);
+  auto [loader] = acc.prepare(accelerate::DataLoader(data, {.batch_size = 8}));
+  const auto before = requests();
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    int64_t row = 0;
+    for (auto& [x, y] : loader) {
+      ASSERT_TRUE(x.is_cuda());
+      EXPECT_TRUE(at::equal(x.cpu(), data.inputs().narrow(0, row, 8))) << "epoch " << epoch << " row " << row;
+      EXPECT_TRUE(at::equal(y.cpu(), data.targets().narrow(0, row, 8))) << "epoch " << epoch << " row " << row;
+      row += 8;
+    }
+    EXPECT_EQ(row, 64);
+  }
+  EXPECT_LE(requests() - before, 4) << "24 batches of two tensors each";
 }
 
 }  // namespace

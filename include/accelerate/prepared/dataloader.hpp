@@ -22,6 +22,7 @@
 #include <accelerate/data/batch_layout.hpp>
 #include <accelerate/data/prefetcher.hpp>
 #include <accelerate/data/shard_sampler.hpp>
+#include <accelerate/data/staging.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/distributed/collectives.hpp>
 #include <accelerate/gradient_state.hpp>
@@ -316,6 +317,18 @@ class PreparedDataLoader {
       }
     }
 
+    // On CUDA batches travel through reused page-locked buffers on a side stream (made at the
+    // first batch); other devices copy directly.
+    std::optional<data::DeviceStager<>> stager;
+
+    template <class Batch>
+    std::remove_cvref_t<Batch> to_device(const Batch& batch) {
+      const auto device = context->device();
+      if (!device.is_cuda()) return data::to_device(batch, device);
+      if (!stager) stager.emplace(data::StreamTransfer(device));
+      return stager->stage(batch);
+    }
+
     std::optional<typename Source::batch_type> fetch(GradientState::Activation& activation) {
       if (!source.has_next()) {
         ++epoch;
@@ -324,7 +337,7 @@ class PreparedDataLoader {
         activation.release();  // the loop is over: later code is outside this loader
         return std::nullopt;
       }
-      auto batch = data::to_device(source.next(), context->device(), /*non_blocking=*/true);
+      auto batch = to_device(source.next());
       ++consumed;
       activation.update({!source.has_next(), source.remaining() + 1, source.remainder()});
       return batch;
