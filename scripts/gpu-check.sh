@@ -2,8 +2,9 @@
 # The GPU check, for a machine with an NVIDIA GPU, PyTorch, CMake and ninja, but none of our
 # Debian packages and no network (run through the device tool; scripts/prepare-gpu-carry.sh
 # fills third_party/ beforehand). Configures against that machine's LibTorch, builds the GPU
-# tests, the Fashion-MNIST example and bench_step, runs the tests labelled gpu, the example
-# with bf16 and fp16, and bench_step on the GPU, writing logs and JSON to one folder.
+# tests, the Fashion-MNIST example, bench_step and bench_staging, runs the tests labelled gpu,
+# the example with bf16 and fp16, and both benchmarks on the GPU, writing logs and JSON to one
+# folder.
 #   scripts/gpu-check.sh [results-dir]        (default: $OUT when set, else gpu-results)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +26,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=
   -DACCELERATE_PYTHON="$python" -DACCELERATE_THIRD_PARTY_DIR="$PWD/third_party" \
   -DACCELERATE_TEST_PYTHON="$python" || exit 1
 step "build"
-cmake --build build-gpu -j "$(nproc)" --target gpu_tests nccl_train fashion_mnist bench_step || exit 1
+cmake --build build-gpu -j "$(nproc)" --target gpu_tests nccl_train fashion_mnist bench_step bench_staging || exit 1
 
 step "tests labelled gpu"
 ctest --test-dir build-gpu -L gpu --output-on-failure --output-junit "$PWD/$out/gpu-tests.xml" || status=1
@@ -39,5 +40,7 @@ step "bench_step on the GPU"
 ACCELERATE_BENCH_DEVICE=cuda ./build-gpu/bench/bench_step --benchmark_repetitions=5 \
   --benchmark_enable_random_interleaving=true --benchmark_min_time=0.2 \
   --benchmark_format=json --benchmark_out="$out/bench_step_gpu.json" || status=1
+step "bench_staging: host-to-GPU copies by kind"
+./build-gpu/bench/bench_staging --rounds 3 --steps 50 | tee "$out/bench_staging.jsonl" || status=1
 step "done (status $status)"
 exit $status
