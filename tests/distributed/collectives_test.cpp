@@ -244,6 +244,48 @@ ACCELERATE_WORKER(broadcast_flat_pieces) {
   return 0;
 }
 
+// Gloo's reduce-scatter as an all-to-all: every element of every slice is the sum of the
+// ranks' values added in rank order, bit for bit, whatever the slice (c10d's own Gloo
+// reduce-scatter is a ring all-reduce, which starts each chunk's sum at another rank). Values
+// of mixed magnitudes, so that another order rounds differently for many elements; the
+// asynchronous form used by gradient buckets, and the input left as it was.
+ACCELERATE_WORKER(reduce_scatter_rank_order) {
+  Acc acc{{.process_group = {.timeout = 60s}}};
+  const int rank = acc.process_index(), world = acc.num_processes();
+  auto& comm = *acc.engine().communicator();
+  auto values_of = [&](int of_rank) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + of_rank);
+    return at::randn({world * 4099}, gen) * at::pow(10.0, at::randint(-4, 5, {world * 4099}, gen));
+  };
+  at::Tensor input = values_of(rank);
+  const at::Tensor before = input.clone();
+  at::Tensor expected = values_of(0);
+  for (int r = 1; r < world; ++r) expected = expected + values_of(r);
+  at::Tensor output = at::empty({4099});
+  const auto calls = acc.stats().reduce_scatter.calls;
+  auto work = comm.reduce_scatter_async(input, output);
+  comm.wait(work, "reduce_scatter");
+  const at::Tensor mine = expected.narrow(0, rank * 4099, 4099);
+  const auto differing = output.ne(mine).sum().item<int64_t>();
+  if (differing != 0) {
+    std::cerr << differing << " of 4099 elements differ from the rank-order sum" << std::endl;
+    return 1;
+  }
+  if (!torch::equal(input, before)) return 2;
+  if (acc.stats().reduce_scatter.calls != calls + 1) return 3;
+  // The synchronous form, with a mean and more than one dimension.
+  const at::Tensor mean = comm.reduce_scatter(input.view({world * 4099, 1}), accelerate::Reduction::mean);
+  if (!torch::allclose(mean.view(-1), mine / world)) return 4;
+  return 0;
+}
+
+TEST(Collectives, GlooReduceScatterSumsEachElementInRankOrder) {
+  for (int world : {2, 3}) {
+    auto job = run_job("reduce_scatter_rank_order", {.world_size = world});
+    EXPECT_EQ(job.exit_code, 0) << "world " << world << "\n" << job.logs();
+  }
+}
+
 TEST(Collectives, BroadcastFlatSendsRankZerosValuesInBoundedPieces) {
   for (int world : {2, 3}) {
     auto job = run_job("broadcast_flat_pieces", {.world_size = world});

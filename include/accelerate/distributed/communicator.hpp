@@ -32,11 +32,15 @@ struct InFlight {
   /// When c10d marked it complete (steady-clock ticks; 0 until then), stamped by a callback
   /// or by the wait that saw it done first. Every InFlight a Communicator returns has one.
   std::shared_ptr<std::atomic<std::chrono::steady_clock::rep>> finished;
+  /// Runs on the waiting thread once the work has completed (a reduce-scatter made of an
+  /// all-to-all sums what it received here); empty for most collectives.
+  std::function<void()> complete;
 
   explicit operator bool() const noexcept { return static_cast<bool>(work); }
   void reset() noexcept {
     work.reset();
     finished.reset();
+    complete = nullptr;
   }
 };
 
@@ -116,16 +120,34 @@ class Communicator {
 
   /// Starts a reduce-scatter of `input` (its length divisible by the world size) into `output`
   /// (1/world_size of it: rank r receives slice r) and returns its work handle (sharded
-  /// gradient buckets start one per bucket and wait later). Counted under reduce_scatter with
-  /// its input bytes. A mean is a sum the caller divides (as reduce_scatter does).
+  /// gradient buckets start one per bucket and wait later); `output` holds the result once
+  /// wait() returns. Counted under reduce_scatter with its input bytes. A mean is a sum the
+  /// caller divides (as reduce_scatter does).
+  ///
+  /// On Gloo a sum is an all-to-all: rank r receives every rank's slice r and adds them here,
+  /// in rank order. c10d's Gloo reduce-scatter all-reduces a copy of the whole input and keeps
+  /// one slice, sending twice the bytes; the all-to-all takes half the time or less at the
+  /// same memory (bench/README.md), and its sums do not depend on where a slice lies in the
+  /// input (a ring all-reduce sums each chunk in a different order).
   InFlight reduce_scatter_async(at::Tensor& input, at::Tensor& output, Reduction reduction = Reduction::sum) {
     ACCELERATE_CHECK(reduction != Reduction::mean, "reduce_scatter_async: reduce with sum and divide the result");
     agree(CollectiveOp::reduce_scatter, &input, static_cast<std::int64_t>(reduction));
+    count(stats_.reduce_scatter, input);
+    if (reduction == Reduction::sum && input.scalar_type() != at::kBool && backend_->getBackendName() == "gloo") {
+      at::Tensor received = at::empty_like(input, at::MemoryFormat::Contiguous);
+      std::vector<int64_t> equal_splits;
+      InFlight work = start(backend_->alltoall_base(received, input, equal_splits, equal_splits));
+      work.complete = [received, output, world = world_size_]() mutable {
+        at::NoGradGuard no_grad;
+        const auto slices = received.chunk(world, 0);
+        output.copy_(slices[0]);
+        for (int r = 1; r < world; ++r) output.add_(slices[static_cast<std::size_t>(r)]);
+      };
+      return work;
+    }
     c10d::ReduceScatterOptions options;
     options.reduceOp = to_reduce_op(reduction);
-    InFlight work = start(backend_->_reduce_scatter_base(output, input, options));
-    count(stats_.reduce_scatter, input);
-    return work;
+    return start(backend_->_reduce_scatter_base(output, input, options));
   }
 
   /// Every rank's `input` (the same length everywhere) into `output`, in rank order, as one
@@ -183,6 +205,7 @@ class Communicator {
       accelerate::detail::fail(what, " failed on rank ", rank_, " of ", world_size_, ": ", cause,
                                " (", e.what(), ")");
     }
+    if (work.complete) work.complete();
     const auto now = std::chrono::steady_clock::now();
     // Done, but its completion callback may not have run yet: then it completed by now.
     stamp(*work.finished, now);
