@@ -9,6 +9,7 @@
 //   bench_zero --nproc W --backend ddp|zero1|zero2|zero3 [--params-millions 100] [--steps 4]
 //              [--save-model DIR] [--phases 1] [--retain-freed-memory 0|1] [--bias 0|1]
 //              [--prefetch-units 0|1] [--buckets-in-flight N] [--huge-pages 0|1] [--build-units 0|1]
+//              [--reduce-scatter all-to-all|c10d]
 // --huge-pages: AcceleratorOptions::huge_pages (default 1; THP_MEM_ALLOC_ENABLE, when set, wins);
 // the JSON's "huge_pages" says what LibTorch did.
 // --bias 0: layers without biases (as in most large transformers), so each weight is a bucket
@@ -18,6 +19,8 @@
 // memory with the model built, the peak while it was built, and the peak of prepare.
 // --build-units 1 (zero3): each layer passed through Accelerator::shard_unit as it is built, so
 // no rank holds the whole model.
+// --reduce-scatter c10d: Gloo's reduce-scatter as c10d makes it (an all-reduce of a copy) instead
+// of an all-to-all (ProcessGroupOptions::reduce_scatter_all_to_all = false).
 // bench/zero.sh runs the variants in rotation and writes the table in bench/README.md.
 #include <accelerate/accelerate.hpp>
 #include <accelerate/distributed/sharded.hpp>
@@ -53,6 +56,7 @@ struct Args {
   std::size_t buckets_in_flight = 2;  // DdpOptions::sharded_buckets_in_flight
   bool huge_pages = true;             // AcceleratorOptions::huge_pages
   bool build_units = false;           // zero3: Accelerator::shard_unit on each layer as built
+  bool reduce_scatter_all_to_all = true;  // ProcessGroupOptions::reduce_scatter_all_to_all
 };
 
 // A line of /proc/self/status ("VmRSS:", "VmHWM:") in bytes.
@@ -110,7 +114,8 @@ int run(const Args& a) {
   accelerate::Accelerator<Backend> acc{{.seed = 1,
                                         .retain_freed_memory = a.retain_freed_memory,
                                         .huge_pages = a.huge_pages,
-                                        .process_group = {.timeout = std::chrono::minutes(10)},
+                                        .process_group = {.timeout = std::chrono::minutes(10),
+                                                          .reduce_scatter_all_to_all = a.reduce_scatter_all_to_all},
                                         .ddp = {.prefetch_units = a.prefetch_units,
                                                 .sharded_buckets_in_flight = a.buckets_in_flight}}};
   auto net = make_model(a.params_millions, a.bias, [&](torch::nn::Linear layer) {
@@ -213,6 +218,7 @@ int run(const Args& a) {
   line["build_units"] = a.build_units;
   line["prefetch_units"] = a.prefetch_units;
   line["buckets_in_flight"] = a.buckets_in_flight;
+  line["reduce_scatter"] = a.reduce_scatter_all_to_all ? "all-to-all" : "c10d";
   if (const auto* reducer = model.model_sync().reducer()) line["adopted_gradients"] = reducer->adopted_gradients();
   if (a.phases) line["phases"] = phases;
   if (!a.save_model.empty()) {
@@ -241,6 +247,7 @@ int main(int argc, char** argv) {
       else if (std::strcmp(argv[i], "--buckets-in-flight") == 0) a.buckets_in_flight = std::stoul(argv[i + 1]);
       else if (std::strcmp(argv[i], "--huge-pages") == 0) a.huge_pages = std::string(argv[i + 1]) == "1";
       else if (std::strcmp(argv[i], "--build-units") == 0) a.build_units = std::string(argv[i + 1]) == "1";
+      else if (std::strcmp(argv[i], "--reduce-scatter") == 0) a.reduce_scatter_all_to_all = std::string(argv[i + 1]) != "c10d";
     }
     if (a.backend == "zero1") return run<accelerate::Zero<accelerate::Gloo, 1>>(a);
     if (a.backend == "zero2") return run<accelerate::Zero<accelerate::Gloo, 2>>(a);

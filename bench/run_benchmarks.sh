@@ -26,6 +26,8 @@ echo "== data parallel against ZeRO stages 1, 2 and 3 (memory, bytes, step time)
 bench/zero.sh "$build" 2 | tee "$out/zero.txt"
 echo "== where a rank's memory goes, freed buffers kept and handed back"
 bench/zero_phases.sh "$build" 2 40 | tee "$out/zero_phases.txt"
+echo "== Gloo's reduce-scatter: c10d's against an all-to-all"
+bench/reduce_scatter.sh "$build" 3 40 | tee "$out/reduce_scatter.txt"
 echo "== load_state of a resharded checkpoint (2 processes -> 1) against a same-size one"
 bench/reshard.sh "$build" "$out/reshard.json"
 echo "== the prepared DataLoader's workers, and the loader against torch's DataLoader"

@@ -100,6 +100,12 @@ struct ProcessGroupOptions {
   /// collective. User-facing collectives (gather, reduce, broadcast, pad_across_processes)
   /// always check their tensors, this on or off.
   bool verify_collectives = false;
+  /// On Gloo, reduce-scatter (sharded gradients) as an all-to-all: each rank sends every other
+  /// rank that rank's slice and adds what it receives, in rank order — half the bytes of
+  /// c10d's Gloo reduce-scatter (an all-reduce of a copy of the whole input, then one slice),
+  /// at the same memory, and sums that do not depend on where a slice lies. false uses c10d's.
+  /// The same on every rank (checked at start-up). No effect on NCCL.
+  bool reduce_scatter_all_to_all = true;
 };
 
 /// How gradient buckets travel between ranks (PyTorch DDP's communication hooks).

@@ -276,6 +276,13 @@ ACCELERATE_WORKER(reduce_scatter_rank_order) {
   // The synchronous form, with a mean and more than one dimension.
   const at::Tensor mean = comm.reduce_scatter(input.view({world * 4099, 1}), accelerate::Reduction::mean);
   if (!torch::allclose(mean.view(-1), mine / world)) return 4;
+  // c10d's own Gloo reduce-scatter, chosen by the option: the same sums up to rounding.
+  Acc c10d_acc{{.process_group = {.timeout = 60s, .reduce_scatter_all_to_all = false}}};
+  auto& c10d_comm = *c10d_acc.engine().communicator();
+  at::Tensor ring = at::empty({4099});
+  auto ring_work = c10d_comm.reduce_scatter_async(input, ring);
+  c10d_comm.wait(ring_work, "reduce_scatter");
+  if (!torch::allclose(ring, mine, 1e-5, 1e-3)) return 5;
   return 0;
 }
 
@@ -440,6 +447,18 @@ TEST(Rendezvous, RanksWithDifferentPoliciesAreNamedOnBothSides) {
   EXPECT_LT(job.seconds, 15.0);
   EXPECT_NE(job.logs().find("Precision=accelerate::Bf16"), std::string::npos) << job.logs();
   EXPECT_NE(job.logs().find("Precision=accelerate::Fp32"), std::string::npos) << job.logs();
+}
+
+ACCELERATE_WORKER(mismatched_reduce_scatter) {
+  const bool all_to_all = std::getenv("RANK") != std::string("1");
+  Acc acc{{.process_group = {.timeout = 20s, .reduce_scatter_all_to_all = all_to_all}}};
+  return 0;
+}
+
+TEST(Rendezvous, RanksDisagreeingOnTheReduceScatterAreNamed) {
+  auto job = run_job("mismatched_reduce_scatter", {.world_size = 2, .grace_seconds = 10});
+  EXPECT_NE(job.exit_code, 0);
+  EXPECT_NE(job.logs().find("process_group.reduce_scatter_all_to_all=0"), std::string::npos) << job.logs();
 }
 
 ACCELERATE_WORKER(mismatched_models) {

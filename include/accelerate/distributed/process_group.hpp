@@ -156,6 +156,8 @@ class ProcessGroupEngine {
     description << fingerprint << " world_size=" << env_.world_size << " process_group.verify_collectives=" << verify;
     // Stage 3's prefetch changes the order of its collectives, not what a checkpoint holds.
     if (!options.ddp.prefetch_units) description << " ddp.prefetch_units=0";
+    // Ranks that disagree would pair an all-to-all with an all-reduce.
+    if (!options.process_group.reduce_scatter_all_to_all) description << " process_group.reduce_scatter_all_to_all=0";
     // One store per process, kept for its lifetime: a later Accelerator in the same program
     // (ranks create them in the same order) rendezvous under its own key prefix instead of
     // racing a peer's not-yet-closed server on the same port.
@@ -165,6 +167,7 @@ class ProcessGroupEngine {
     auto backend = Factory::create(compat::make_prefix_store("pg", store_), env_, options);
     comm_ = std::make_shared<Communicator>(std::move(backend), env_.rank, env_.world_size);
     if (verify) comm_->verify_collectives(Factory::device(env_, options));
+    comm_->use_all_to_all_reduce_scatter(options.process_group.reduce_scatter_all_to_all);
     if (env_.world_size > 1) {
       heartbeat_ = std::make_shared<Heartbeat>(env_, "accelerate/" + std::to_string(generation));
       comm_->set_diagnosis([heartbeat = std::weak_ptr<Heartbeat>(heartbeat_)] {
