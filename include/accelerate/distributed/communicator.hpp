@@ -128,7 +128,7 @@ class Communicator {
   /// receives every rank's slice r and adds them here, in rank order. c10d's Gloo
   /// reduce-scatter all-reduces a copy of the whole input and keeps one slice, sending twice
   /// the bytes; the all-to-all halves a 25 MB reduce-scatter's time at the same memory and
-  /// makes ZeRO steps 6-14 % faster (bench/README.md), and its sums do not depend on where a
+  /// makes ZeRO steps 6-15 % faster (bench/README.md), and its sums do not depend on where a
   /// slice lies in the input (a ring all-reduce starts each chunk's sum at another rank).
   InFlight reduce_scatter_async(at::Tensor& input, at::Tensor& output, Reduction reduction = Reduction::sum) {
     ACCELERATE_CHECK(reduction != Reduction::mean, "reduce_scatter_async: reduce with sum and divide the result");
