@@ -293,7 +293,6 @@ class ProcessGroupEngine {
   }
 
  private:
-
   void broadcast_state(torch::nn::Module& module, bool with_buffers) {
     std::vector<at::Tensor> tensors = module.parameters(true);
     if (with_buffers)
