@@ -845,6 +845,7 @@ class Accelerator {
     // Options that change which collectives run, only when not the default, so a default
     // configuration's fingerprint (and its checkpoints') stays what it was.
     if (!o.ddp.bucket_order_from_arrival) out << " ddp.bucket_order_from_arrival=0";
+    if (!o.ddp.sum_in_rank_order) out << " ddp.sum_in_rank_order=0";
     for (std::size_t i = 0; i < o.ddp.shard_units.size(); ++i)
       out << (i == 0 ? " ddp.shard_units=" : ",") << o.ddp.shard_units[i];
     if (o.accumulation.sync_each_batch) out << " accumulation.sync_each_batch=1";

@@ -184,6 +184,19 @@ struct DdpOptions {
   /// gradients became ready, so each bucket is launched as soon as backward can fill it (DDP
   /// does this always). Matters when modules are registered in another order than they run.
   bool bucket_order_from_arrival = true;
+  /// On Gloo with 3 or more ranks, add up every gradient in rank order (rank 0's + rank
+  /// 1's + ...) wherever it lies in its bucket: each bucket is reduce-scattered as an
+  /// all-to-all (ProcessGroupOptions::reduce_scatter_all_to_all) and the summed slices are
+  /// exchanged back in place, the same bytes as Gloo's ring all-reduce. The ring starts each
+  /// chunk's sum at another rank, so a parameter moved to another position (arrival order,
+  /// another bucket_cap_bytes) is summed in another order and may differ in the last bit;
+  /// summed in rank order, results depend on no bucket layout, and each element is added as
+  /// the sharded backends' reduce-scatter adds it. Costs more memory traffic (about 14 %
+  /// longer steps with 3 ranks sharing 2 cores, bench/README.md) and up to world size - 1
+  /// elements of padding per bucket. Off: Gloo's all-reduce, as PyTorch DDP. Two ranks
+  /// (a + b either way), NCCL and compressed buckets always use the all-reduce. The same on
+  /// every rank (checked at start-up).
+  bool sum_in_rank_order = true;
   /// Compression of gradient buckets on the wire (replicated data parallel only).
   GradientCompression compression = GradientCompression::none;
   /// Settings of GradientCompression::power_sgd.

@@ -461,6 +461,19 @@ TEST(Rendezvous, RanksDisagreeingOnTheReduceScatterAreNamed) {
   EXPECT_NE(job.logs().find("process_group.reduce_scatter_all_to_all=0"), std::string::npos) << job.logs();
 }
 
+ACCELERATE_WORKER(mismatched_sum_order) {
+  const bool rank_order = std::getenv("RANK") != std::string("1");
+  Acc acc{{.process_group = {.timeout = 20s}, .ddp = {.sum_in_rank_order = rank_order}}};
+  return 0;
+}
+
+// Ranks summing gradients in different orders would pair an all-to-all with an all-reduce.
+TEST(Rendezvous, RanksDisagreeingOnTheGradientSumOrderAreNamed) {
+  auto job = run_job("mismatched_sum_order", {.world_size = 3, .grace_seconds = 10});
+  EXPECT_NE(job.exit_code, 0);
+  EXPECT_NE(job.logs().find("ddp.sum_in_rank_order=0"), std::string::npos) << job.logs();
+}
+
 ACCELERATE_WORKER(mismatched_models) {
   Acc acc{{.process_group = {.timeout = 20s}}};
   accelerate::testing::TinyNet net(8, acc.process_index() == 0 ? 16 : 12, 4);

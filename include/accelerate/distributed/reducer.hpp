@@ -77,6 +77,7 @@ struct ReducerOptions {
   Sharding sharding = Sharding::none;
   bool gradient_as_bucket_view = true;
   bool bucket_order_from_arrival = true;
+  bool sum_in_rank_order = true;
   GradientCompression compression = GradientCompression::none;
   PowerSgdOptions power_sgd{};
   /// Sharding::parameters: the units gathered and released together, as name prefixes (a
@@ -94,7 +95,8 @@ struct ReducerOptions {
   /// The reducer options of AcceleratorOptions::ddp.
   static ReducerOptions from(const DdpOptions& ddp, Sharding sharding = Sharding::none) {
     return {ddp.bucket_cap_bytes, ddp.first_bucket_cap_bytes, ddp.find_unused_parameters, sharding,
-            ddp.gradient_as_bucket_view, ddp.bucket_order_from_arrival, ddp.compression, ddp.power_sgd,
+            ddp.gradient_as_bucket_view, ddp.bucket_order_from_arrival, ddp.sum_in_rank_order, ddp.compression,
+            ddp.power_sgd,
             {}, ddp.prefetch_units, ddp.sharded_buckets_in_flight};
   }
 };
@@ -148,6 +150,13 @@ struct ShardPiece {
 /// Compression (ReducerOptions::compression): a bucket is sent as BucketCompressor makes it
 /// (fp16, bf16, PowerSGD) and what comes back is the average, decompressed into the bucket.
 ///
+/// Sums in rank order (ReducerOptions::sum_in_rank_order; Gloo, 3 or more ranks, uncompressed):
+/// each bucket, padded to a multiple of the world size, is reduce-scattered as an all-to-all
+/// whose receiver adds the slices in rank order into its own slice of the bucket, then the
+/// slices are exchanged point to point in place, started as soon as a hook finds the
+/// reduce-scatter done (else at the end of backward), so both halves overlap backward as the
+/// all-reduce did.
+///
 /// Sharded (ReducerOptions::sharding), as ZeRO and Megatron's distributed optimizer: each
 /// bucket's flattened parameters are padded to a multiple of the world size and rank r owns
 /// the r-th contiguous slice of every bucket, so a bucket's reduce-scatter hands each rank
@@ -193,6 +202,8 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       }
     }
     options_.built.clear();
+    // Two ranks add a + b whatever the order, so the two collectives buy nothing there.
+    ordered_sums_ = options_.sum_in_rank_order && !scatters() && comm_->world_size() > 2 && comm_->sums_in_rank_order();
     assign_units();
     build_buckets(initial_order());
     // Each parameter's gradient accumulator, made while the parameter is whole: it records
@@ -295,6 +306,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// Sharded gradients: the most launched buckets whose full buffers were alive at once while
   /// backward went on (at most ReducerOptions::buckets_in_flight), over the reducer's life.
   std::size_t peak_buckets_in_flight() const noexcept { return peak_buckets_in_flight_; }
+  /// Whether replicated buckets are summed in rank order (DdpOptions::sum_in_rank_order, in
+  /// effect on Gloo with 3 or more ranks).
+  bool sums_in_rank_order() const noexcept { return ordered_sums_; }
   /// Whether the buckets were rebuilt in arrival order (after the first synchronised backward,
   /// when that order differed from the initial one).
   bool buckets_rebuilt() const { return launch_order() != initial_order(); }
@@ -505,6 +519,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     at::TensorOptions options;
     std::size_t pending = 0;
     InFlight work;
+    std::vector<InFlight> exchange;  // sums in rank order: the summed slices' sends and receives
     BucketCompressor compressor;   // compression != none
     at::Tensor second;             // PowerSGD: the second sum (Q) in flight
     InFlight second_work;
@@ -581,9 +596,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       const auto& last = params_[bucket.params.back()];
       const int64_t total = bucket.offsets.back() + numel_[bucket.params.back()];
       bucket.options = last.options().requires_grad(false);
-      bucket.padded = sharded() ? (total + world - 1) / world * world : total;
+      bucket.padded = sharded() || ordered_sums_ ? (total + world - 1) / world * world : total;
       if (scatters()) bucket.shard = at::zeros({slice_length(bucket)}, bucket.options);
-      else bucket.flat = at::zeros({total}, bucket.options);
+      else bucket.flat = at::zeros({ordered_sums_ ? bucket.padded : total}, bucket.options);
       bucket.pending = bucket.params.size();
       if (options_.compression != GradientCompression::none) {
         std::vector<BucketEntry> entries;
@@ -827,6 +842,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       else if (round_compressed_) {
         at::Tensor wire = bucket.compressor.compress(bucket.flat, comm_->world_size());
         bucket.work = comm_->all_reduce_async(wire);
+      } else if (ordered_sums_) {
+        bucket.work = comm_->gradient_sum_scatter_async(bucket.flat);
+        start_exchanges(/*wait=*/false);
       } else {
         bucket.work = comm_->all_reduce_async(bucket.flat);
       }
@@ -838,6 +856,21 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
       ++buckets_in_flight_;
       if (next_bucket_ > options_.buckets_in_flight) retire(buckets_[next_bucket_ - options_.buckets_in_flight - 1]);
       peak_buckets_in_flight_ = std::max(peak_buckets_in_flight_, buckets_in_flight_);
+    }
+  }
+
+  // Sums in rank order: starts the exchange of the summed slices of each launched bucket whose
+  // reduce-scatter is done, in launch order; with `wait`, of every launched bucket. Point to
+  // point, matched by tag, so ranks may start them at different moments: from backward's
+  // hooks without blocking it, and the rest at its end.
+  void start_exchanges(bool wait) {
+    for (; next_exchange_ < next_bucket_; ++next_exchange_) {
+      Bucket& bucket = buckets_[next_exchange_];
+      if (!wait && !Communicator::done(bucket.work)) return;
+      comm_->wait(bucket.work, "gradient all_reduce (reduce-scatter)");
+      bucket.work.reset();
+      const int tag = kGradientSumTag + static_cast<int>(next_exchange_);
+      bucket.exchange = comm_->gradient_sum_gather_async(bucket.flat, tag);
     }
   }
 
@@ -910,8 +943,11 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     }
     // The average is over the ranks that contributed (all, unless some ran out under join).
     const int world = divisor_ > 0 ? divisor_ : comm_->world_size();
+    if (ordered_sums_ && !round_compressed_) start_exchanges(/*wait=*/true);
     for (auto& bucket : buckets_) {
-      comm_->wait(bucket.work, "gradient all_reduce");
+      for (const auto& part : bucket.exchange) comm_->wait(part, "gradient all_reduce (slice exchange)");
+      bucket.exchange.clear();
+      if (bucket.work) comm_->wait(bucket.work, "gradient all_reduce");
       if (!round_compressed_) {
         bucket.flat.div_(world);
         continue;
@@ -1013,12 +1049,15 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   }
 
   void wait_launched() {
-    for (std::size_t b = 0; b < next_bucket_; ++b) {
-      if (!buckets_[b].work) continue;  // retired already
+    const auto quietly = [](const InFlight& work) {
       try {
-        buckets_[b].work.work->wait();
+        if (work) work.work->wait();
       } catch (...) {
       }
+    };
+    for (std::size_t b = 0; b < next_bucket_; ++b) {
+      quietly(buckets_[b].work);  // none when retired already
+      for (const auto& part : buckets_[b].exchange) quietly(part);
     }
   }
 
@@ -1027,6 +1066,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     buckets_in_flight_ = 0;
     force_sync_ = false;
     next_bucket_ = 0;
+    next_exchange_ = 0;
     ready_count_ = 0;
     std::fill(ready_.begin(), ready_.end(), false);
     std::fill(used_.begin(), used_.end(), false);
@@ -1036,6 +1076,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     for (auto& bucket : buckets_) {
       bucket.pending = bucket.params.size();
       bucket.work.reset();
+      bucket.exchange.clear();
       bucket.second_work.reset();
       bucket.second = at::Tensor();
       if (scatters()) bucket.flat.reset();
@@ -1065,6 +1106,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::vector<at::Tensor> piece_tensors_;   // sharded: views of the parameters' storage
   std::vector<std::size_t> arrival_;  // the first synchronised backward's order of readiness
   std::size_t next_bucket_ = 0;
+  std::size_t next_exchange_ = 0;  // sums in rank order: the next bucket whose slices to exchange
   std::size_t ready_count_ = 0;
   std::size_t overlapped_launches_ = 0;
   std::size_t adopted_gradients_ = 0;
@@ -1073,6 +1115,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::size_t sync_rounds_ = 0;
   bool round_open_ = false;
   bool round_compressed_ = false;
+  bool ordered_sums_ = false;  // replicated buckets summed in rank order (DdpOptions::sum_in_rank_order)
+  // Point-to-point tags of the summed slices' exchange, one per bucket (nothing else sends
+  // while gradients synchronise).
+  static constexpr int kGradientSumTag = 1 << 20;
   bool order_settled_ = false;  // the arrival order was looked at (once)
   bool sync_ = true;
   int divisor_ = 0;          // join: ranks averaged over in this round; 0 = all

@@ -79,8 +79,10 @@ inline std::int64_t tensor_bytes(const at::Tensor& t) { return static_cast<std::
 ///   - parameters: every parameter of the model, whole (stages 1 and 2 keep them whole; stage
 ///     3 keeps this rank's slice of each bucket, as for its gradients, between steps);
 ///   - gradients: one copy of the trainable parameters; two with several processes and
-///     DdpOptions::gradient_as_bucket_view off (the .grad and the buckets). Zero stage 1 keeps
-///     the averaged buckets (one copy; its slices are views of them); stage 2 only this rank's
+///     DdpOptions::gradient_as_bucket_view off (the .grad and the buckets), each bucket padded
+///     to a multiple of the world size where it is summed in rank order (DdpOptions::
+///     sum_in_rank_order). Zero stage 1 keeps the averaged buckets (one copy, padded alike;
+///     its slices are views of them); stage 2 only this rank's
 ///     slice of each bucket — 1/W of it, rounded up, so the last ranks' share of the padding
 ///     counts too (given the prepared model; given the module, the slices the optimizer's
 ///     param groups hold);
@@ -113,26 +115,42 @@ MemoryEstimate estimate_memory(const Acc& acc, Model& model, Optimizer& optimize
     slices += group_bytes;
     estimate.optimizer_state += state_tensors_per_parameter(group.options()) * group_bytes;
   }
+  // The buckets of a prepared model's reducer: the trainable parameters, each bucket padded to
+  // a multiple of the world size when its sums go in rank order (else `trainable`).
+  std::int64_t buckets = trainable;
+  const auto for_each_bucket = [&](const auto& reducer, auto&& add) {
+    const std::int64_t world = acc.num_processes();
+    for (const auto& bucket : reducer.bucket_layout()) {
+      std::int64_t elements = 0;
+      for (const std::size_t index : bucket) elements += reducer.numel_of(index);
+      add((elements + world - 1) / world, world, reducer.parameters()[bucket.front()].element_size());
+    }
+  };
+  if constexpr (requires { model.model_sync().reducer(); }) {
+    const auto* reducer = model.model_sync().reducer();
+    if (reducer != nullptr && reducer->sums_in_rank_order()) {
+      buckets = 0;
+      for_each_bucket(*reducer, [&](std::int64_t slice, std::int64_t world, std::int64_t element_size) {
+        buckets += slice * world * element_size;
+      });
+    }
+  }
   if constexpr (requires { Engine::stage; }) {
-    estimate.gradients = Engine::stage == 1 ? trainable : slices;
+    estimate.gradients = Engine::stage == 1 ? buckets : slices;
     if constexpr (requires { model.model_sync().reducer(); }) {
       const auto* reducer = model.model_sync().reducer();
       if (Engine::stage >= 2 && reducer != nullptr) {
-        const std::int64_t world = acc.num_processes();
         estimate.gradients = 0;
-        for (const auto& bucket : reducer->bucket_layout()) {
-          std::int64_t elements = 0;
-          for (const std::size_t index : bucket) elements += reducer->numel_of(index);
-          const std::int64_t element_size = reducer->parameters()[bucket.front()].element_size();
-          estimate.gradients += (elements + world - 1) / world * element_size;
-        }
+        for_each_bucket(*reducer, [&](std::int64_t slice, std::int64_t, std::int64_t element_size) {
+          estimate.gradients += slice * element_size;
+        });
         // Stage 3's released parameters are empty tensors (counted 0 above); it keeps a slice.
         if (Engine::stage == 3) estimate.parameters += estimate.gradients;
       }
     }
   } else {
     const bool copies = Engine::distributed && acc.num_processes() > 1 && !acc.options().ddp.gradient_as_bucket_view;
-    estimate.gradients = copies ? 2 * trainable : trainable;
+    estimate.gradients = copies ? trainable + buckets : buckets;
   }
   return estimate;
 }
