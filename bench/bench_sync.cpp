@@ -11,6 +11,9 @@
 //   BM_ReversedOrder/registration|arrival  a model registered in the reverse of its run order,
 //                                buckets in registration order or rebuilt in arrival order
 //   BM_Compression/fp16|bf16|power_sgd  compressed buckets (PowerSGD rank 4, from the start)
+//   BM_SumOrder/ring|rank_order  DdpOptions::sum_in_rank_order off (Gloo's ring all-reduce)
+//                                and on (all-to-all reduce-scatter, then all-gather); the two
+//                                differ from 3 ranks on (--nproc 3), on 2 both are the ring
 //   BM_Accumulate8/no_sync       8 micro-steps per optimizer step, communicating once
 //   BM_Accumulate8/sync_every    the same 8 micro-steps, all-reducing every one
 // Counters: comm_MB per optimizer step (this rank's payload), gradient_MB (the gradients'
@@ -90,6 +93,7 @@ void train_with(benchmark::State& state, Net& net, accelerate::DdpOptions ddp, b
   state.counters["comm_ms"] = 1e3 * (after.time.busy_seconds - before.time.busy_seconds) / steps;
   state.counters["exposed_ms"] = 1e3 * (after.time.exposed_seconds - before.time.exposed_seconds) / steps;
   state.counters["buckets"] = static_cast<double>(reducer ? reducer->bucket_count() : 0);
+  state.counters["rank_order"] = reducer && reducer->sums_in_rank_order() ? 1 : 0;
   state.counters["overlapped_launches"] = static_cast<double>(reducer ? reducer->overlapped_launches() : 0) / (steps + 1);
 }
 
@@ -145,6 +149,11 @@ void BM_Compression(benchmark::State& state) {
   train_with(state, net, ddp);
 }
 
+void BM_SumOrder(benchmark::State& state) {
+  BigMlp net;
+  train_with(state, net, {.sum_in_rank_order = state.range(0) == 1});
+}
+
 void BM_Accumulate8(benchmark::State& state) {
   const bool sync_every = state.range(0) == 1;
   using Acc = accelerate::Accelerator<accelerate::Gloo, accelerate::Fp32, accelerate::Accumulate<8>>;
@@ -179,6 +188,8 @@ void register_benchmarks() {
                    accelerate::GradientCompression::power_sgd})
       benchmark::RegisterBenchmark((std::string("BM_Compression/") + accelerate::to_string(c)).c_str(), BM_Compression)
           ->Arg(static_cast<int>(c))->Iterations(kIterations)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_SumOrder/ring", BM_SumOrder)->Arg(0)->Iterations(kIterations)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_SumOrder/rank_order", BM_SumOrder)->Arg(1)->Iterations(kIterations)->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_Accumulate8/no_sync", BM_Accumulate8)->Arg(0)->Iterations(kIterations / 3)->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("BM_Accumulate8/sync_every", BM_Accumulate8)->Arg(1)->Iterations(kIterations / 3)->Unit(benchmark::kMillisecond);
   }

@@ -15,6 +15,9 @@ echo "== bench_sync on 2 ranks, then on 1 for the compute-only floor"
 "$build/bench/bench_sync" --nproc 2 --benchmark_format=json --benchmark_out="$out/bench_sync.json" > /dev/null
 "$build/bench/bench_sync" --nproc 1 --benchmark_filter='BM_BucketedReducer/4/' --benchmark_format=json \
   --benchmark_out="$out/bench_sync_1proc.json" > /dev/null
+echo "== gradient sums in rank order against Gloo's ring all-reduce, on 3 ranks"
+"$build/bench/bench_sync" --nproc 3 --benchmark_filter='BM_SumOrder' --benchmark_format=json \
+  --benchmark_out="$out/bench_sync_sum_order.json" > /dev/null
 echo "== bench_checkpoint"
 "$build/bench/bench_checkpoint" --benchmark_repetitions=3 --benchmark_format=json \
   --benchmark_out="$out/bench_checkpoint.json" > /dev/null

@@ -90,6 +90,25 @@ for name, base in ((views, views), ("BM_GradientCopies/4", views), ("BM_BucketVi
     lines.append(f"| {name} | {statistics.median(by[name]):.1f} | {paired(name, base)} | {c.get('comm_MB', 0):.2f} | "
                  f"{c.get('gradient_MB', 0):.1f} | {busy:.1f} | {exposed:.1f} | {overlap:.2f} |")
 lines.append("")
+# Gradient sums in rank order against Gloo's ring all-reduce, on 3 ranks (bench_sync --nproc 3).
+_, order = runs("bench_sync_sum_order.json")
+sums = defaultdict(lambda: defaultdict(list))
+for b in order:
+    name = b["run_name"].split("/iterations")[0]
+    sums[name]["ms"].append(b["real_time"])
+    for key in ("comm_MB", "gradient_MB", "comm_ms", "exposed_ms"):
+        sums[name][key].append(b[key])
+ring, ordered = sums["BM_SumOrder/ring/0"], sums["BM_SumOrder/rank_order/1"]
+r = [o / g for o, g in zip(ordered["ms"], ring["ms"])]
+lines.append("| 3 ranks, ~9.5M-parameter MLP | ms per step | / ring, median (min-max) | comm MB per step | gradient MB | comm ms per step | exposed ms |")
+lines.append("|---|---|---|---|---|---|---|")
+for name, side, ratio in (("ring all-reduce (`sum_in_rank_order = false`)", ring, "1"),
+                          ("sums in rank order (default)", ordered,
+                           f"{statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f})")):
+    c = {k: statistics.median(v) for k, v in side.items()}
+    lines.append(f"| {name} | {c['ms']:.1f} | {ratio} | {c['comm_MB']:.2f} | {c['gradient_MB']:.2f} | "
+                 f"{c['comm_ms']:.1f} | {c['exposed_ms']:.1f} |")
+lines.append("")
 _, one = runs("bench_sync_1proc.json")
 one_proc = statistics.median([b["real_time"] for b in one])
 two_proc = statistics.median(by["BM_BucketedReducer/4"])
