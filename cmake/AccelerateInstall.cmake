@@ -8,7 +8,7 @@ set(ACCELERATE_INSTALL_CMAKEDIR "${CMAKE_INSTALL_DATADIR}/accelerate"
     CACHE STRING "Where accelerateConfig.cmake is installed")
 
 install(DIRECTORY include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(TARGETS accelerate EXPORT accelerateTargets)
+install(TARGETS accelerate accelerate_separate_compilation EXPORT accelerateTargets)
 if(TARGET accelerate_yaml_config)
   install(TARGETS accelerate_yaml_config EXPORT accelerateTargets)
 endif()

@@ -1,6 +1,7 @@
-# Fails when a header outside include/accelerate/compat/ tests TORCH_VERSION_* (cmake -P,
-# -DROOT=<include dir>): LibTorch version differences belong in compat/ only.
-file(GLOB_RECURSE headers "${ROOT}/*.hpp")
+# Fails when a header or a body file (.ipp) outside include/accelerate/compat/ tests
+# TORCH_VERSION_* (cmake -P, -DROOT=<include dir>): LibTorch version differences belong in
+# compat/ only.
+file(GLOB_RECURSE headers "${ROOT}/*.hpp" "${ROOT}/*.ipp")
 set(offenders)
 foreach(header IN LISTS headers)
   if(header MATCHES "/compat/")

@@ -15,6 +15,7 @@
 #include <accelerate/accelerator.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/env.hpp>
+#include <accelerate/detail/linkage.hpp>
 #include <accelerate/policy/slots.hpp>
 
 namespace accelerate {
@@ -55,20 +56,10 @@ struct RunConfig {
 
   /// Fills unset fields from Accelerate's variables: ACCELERATE_MIXED_PRECISION,
   /// ACCELERATE_GRADIENT_ACCUMULATION_STEPS, ACCELERATE_NUM_PROCESSES.
-  RunConfig& with_environment() {
-    if (auto v = detail::env_string("ACCELERATE_MIXED_PRECISION")) mixed_precision = *v;
-    if (auto v = detail::env_int("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"))
-      gradient_accumulation_steps = static_cast<std::size_t>(*v);
-    if (auto v = detail::env_int("ACCELERATE_NUM_PROCESSES")) num_processes = static_cast<int>(*v);
-    return *this;
-  }
+  RunConfig& with_environment();
 
   /// The AcceleratorOptions fields this configuration decides.
-  AcceleratorOptions apply(AcceleratorOptions options) const {
-    if (gradient_accumulation_steps > 1) options.accumulation.num_steps = gradient_accumulation_steps;
-    if (max_grad_norm) options.clip.max_norm = *max_grad_norm;
-    return options;
-  }
+  AcceleratorOptions apply(AcceleratorOptions options) const;
 };
 
 namespace detail {
@@ -173,3 +164,7 @@ decltype(auto) dispatch(type_list<Presets...>, const RunConfig& config, Fn&& fn)
 }
 
 }  // namespace accelerate
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/presets.ipp>
+#endif

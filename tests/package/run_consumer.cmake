@@ -1,11 +1,11 @@
 # Builds and runs an outside project against accelerate-cpp (cmake -P):
-#   -DMODE=find_package|add_subdirectory -DSOURCE_DIR=<repo> -DWORK_DIR=<scratch>
+#   -DMODE=find_package|add_subdirectory|cxx20|separate_compilation -DSOURCE_DIR=<repo> -DWORK_DIR=<scratch>
 #   -DBUILD_DIR=<this build> -DTORCH_DIR=<Torch_DIR>
 cmake_minimum_required(VERSION 3.25)
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(consumer "${SOURCE_DIR}/examples/consumer/${MODE}")
 set(common -G Ninja -DCMAKE_BUILD_TYPE=Release "-DTorch_DIR=${TORCH_DIR}")
-if(MODE STREQUAL "find_package" OR MODE STREQUAL "cxx20")
+if(MODE MATCHES "^(find_package|cxx20|separate_compilation)$")
   execute_process(COMMAND ${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${WORK_DIR}/install"
                   RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
@@ -24,9 +24,9 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "building the ${MODE} consumer failed")
 endif()
 if(MODE STREQUAL "find_package" OR MODE STREQUAL "cxx20")
-  execute_process(COMMAND "${WORK_DIR}/build/consumer" RESULT_VARIABLE rc)
+  execute_process(COMMAND "${WORK_DIR}/build/consumer" WORKING_DIRECTORY "${WORK_DIR}" RESULT_VARIABLE rc)
 else()
-  execute_process(COMMAND "${WORK_DIR}/build/consumer" --nproc 2 RESULT_VARIABLE rc)
+  execute_process(COMMAND "${WORK_DIR}/build/consumer" --nproc 2 WORKING_DIRECTORY "${WORK_DIR}" RESULT_VARIABLE rc)
 endif()
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the ${MODE} consumer failed (${rc})")

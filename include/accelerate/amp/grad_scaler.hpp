@@ -12,6 +12,7 @@
 
 #include <accelerate/checkpoint/stateful.hpp>
 #include <accelerate/compat/torch.hpp>
+#include <accelerate/detail/linkage.hpp>
 #include <accelerate/options.hpp>
 
 namespace accelerate {
@@ -43,35 +44,10 @@ class GradScaler {
 
   /// Divides the gradients of `params` by the scale, once per optimizer step, and records
   /// whether any of them held an inf or NaN in `amp.found_inf`.
-  void unscale_(const std::vector<at::Tensor>& params, OptimizerAmpState& amp) const {
-    if (amp.unscaled) return;
-    amp.found_inf = at::zeros({1}, scale_.options());
-    const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
-    // The fused kernel wants one device and one dtype per call.
-    std::map<std::tuple<int, int, int>, std::vector<at::Tensor>> groups;  // device, index, dtype
-    for (const auto& p : params) {
-      const at::Tensor& g = p.grad();
-      if (g.defined())
-        groups[{static_cast<int>(g.device().type()), g.device().index(),
-                static_cast<int>(g.scalar_type())}]
-            .push_back(g);
-    }
-    for (auto& [key, grads] : groups) {
-      const c10::Device device = grads.front().device();
-      at::Tensor found = at::zeros({1}, scale_.options().device(device));
-      compat::non_finite_check_and_unscale(grads, found, inv_scale.to(device));
-      amp.found_inf.add_(found.to(amp.found_inf.device()));
-    }
-    amp.unscaled = true;
-  }
+  void unscale_(const std::vector<at::Tensor>& params, OptimizerAmpState& amp) const;
 
   /// Adjusts the scale after an optimizer step (skipped or not).
-  void update(const at::Tensor& found_inf) {
-    at::Tensor found = found_inf.defined() ? found_inf.to(scale_.device()).clamp_max(1)
-                                           : at::zeros({1}, scale_.options());
-    compat::update_scale(scale_, growth_tracker_, found, options_.growth_factor,
-                         options_.backoff_factor, options_.growth_interval);
-  }
+  void update(const at::Tensor& found_inf);
 
   /// The current scale.
   double get_scale() const { return scale_.item<double>(); }
@@ -79,23 +55,9 @@ class GradScaler {
   int64_t growth_tracker() const { return growth_tracker_.item<int64_t>(); }
   const GradScalerOptions& options() const noexcept { return options_; }
 
-  StateDict state_dict() const {
-    StateDict s;
-    s.values = {{"scale", get_scale()},
-                {"growth_tracker", growth_tracker()},
-                {"growth_factor", options_.growth_factor},
-                {"backoff_factor", options_.backoff_factor},
-                {"growth_interval", options_.growth_interval}};
-    return s;
-  }
+  StateDict state_dict() const;
 
-  void load_state_dict(const StateDict& s) {
-    scale_.fill_(s.value<double>("scale"));
-    growth_tracker_.fill_(s.value<int64_t>("growth_tracker"));
-    options_.growth_factor = s.value<double>("growth_factor");
-    options_.backoff_factor = s.value<double>("backoff_factor");
-    options_.growth_interval = s.value<int64_t>("growth_interval");
-  }
+  void load_state_dict(const StateDict& s);
 
  private:
   GradScalerOptions options_;
@@ -104,3 +66,7 @@ class GradScaler {
 };
 
 }  // namespace accelerate
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/amp/grad_scaler.ipp>
+#endif

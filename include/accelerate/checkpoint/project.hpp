@@ -12,6 +12,8 @@
 #include <system_error>
 #include <vector>
 
+#include <accelerate/detail/linkage.hpp>
+
 namespace accelerate {
 
 /// Accelerate's ProjectConfiguration. With automatic naming, save_state() writes
@@ -36,33 +38,16 @@ inline constexpr std::string_view manifest_name = "accelerate_state.json";
 
 /// The number in a folder named `checkpoint_<n>`, or nullopt for any other name (temporary
 /// folders, user files).
-inline std::optional<std::size_t> checkpoint_number(std::string_view name) {
-  constexpr std::string_view prefix = "checkpoint_";
-  if (name.substr(0, prefix.size()) != prefix || name.size() == prefix.size()) return std::nullopt;
-  std::size_t value = 0;
-  const char* first = name.data() + prefix.size();
-  const char* last = name.data() + name.size();
-  const auto [end, ec] = std::from_chars(first, last, value);
-  if (ec != std::errc() || end != last) return std::nullopt;
-  return value;
-}
+std::optional<std::size_t> checkpoint_number(std::string_view name);
 
 /// Complete checkpoints under `checkpoints_dir` (named checkpoint_<n> and holding a manifest),
 /// sorted by number, oldest first.
-inline std::vector<std::pair<std::size_t, std::filesystem::path>> list_checkpoints(
-    const std::filesystem::path& checkpoints_dir) {
-  std::vector<std::pair<std::size_t, std::filesystem::path>> found;
-  std::error_code ec;
-  if (!std::filesystem::is_directory(checkpoints_dir, ec)) return found;
-  for (const auto& entry : std::filesystem::directory_iterator(checkpoints_dir, ec)) {
-    const auto number = checkpoint_number(entry.path().filename().string());
-    if (number && std::filesystem::is_regular_file(entry.path() / manifest_name, ec)) {
-      found.emplace_back(*number, entry.path());
-    }
-  }
-  std::sort(found.begin(), found.end());
-  return found;
-}
+std::vector<std::pair<std::size_t, std::filesystem::path>> list_checkpoints(
+    const std::filesystem::path& checkpoints_dir);
 
 }  // namespace checkpoint
 }  // namespace accelerate
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/checkpoint/project.ipp>
+#endif

@@ -18,6 +18,7 @@
 #include <accelerate/checkpoint/stateful.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/diagnostics.hpp>
+#include <accelerate/detail/linkage.hpp>
 
 namespace accelerate::checkpoint {
 
@@ -83,16 +84,7 @@ class Registry {
   }
 
   /// A model's entry: its parameters and buffers by name, all checked before any is loaded.
-  static Entry model_entry(std::shared_ptr<torch::nn::Module> module) {
-    return {Entry::Kind::model, EntryOwner::main_rank,
-            [module] {
-              StateDict s;
-              for (auto& [key, value] : named_tensors(*module)) s.tensors[key] = value;
-              return s;
-            },
-            [module](const StateDict& s) { load_named_tensors(*module, s.tensors, "the saved state"); },
-            [module](const StateDict& s) { check_named_tensors(*module, s.tensors, "the saved state"); }};
-  }
+  static Entry model_entry(std::shared_ptr<torch::nn::Module> module);
 
   /// Adds a user object by reference: anything Stateful, or a type with a checkpoint_adapter
   /// (Boost.Hana adapted structs, with <accelerate/checkpoint/reflect.hpp>).
@@ -114,13 +106,7 @@ class Registry {
   /// Forgets the prepared models, optimizers, schedulers and dataloaders and the models'
   /// gradient-sync layouts (free_memory()); user objects and the accelerator's own step states
   /// stay registered.
-  void release_prepared() {
-    using Kind = Entry::Kind;
-    std::erase_if(objects_, [](const Entry& e) {
-      return e.kind == Kind::model || e.kind == Kind::optimizer || e.kind == Kind::scheduler || e.kind == Kind::dataloader;
-    });
-    std::erase_if(step_states_, [](const Entry& e) { return e.kind == Kind::gradient_sync; });
-  }
+  void release_prepared();
 
   /// Models, optimizers, schedulers, dataloaders and user objects, in registration order.
   const std::vector<Entry>& objects() const noexcept { return objects_; }
@@ -128,11 +114,7 @@ class Registry {
   const std::vector<Entry>& step_states() const noexcept { return step_states_; }
 
   /// How many entries of `kind` there are.
-  std::size_t count(Entry::Kind kind) const {
-    const auto& list = is_step_state(kind) ? step_states_ : objects_;
-    return static_cast<std::size_t>(
-        std::count_if(list.begin(), list.end(), [&](const Entry& e) { return e.kind == kind; }));
-  }
+  std::size_t count(Entry::Kind kind) const;
 
  private:
   template <class Handle>
@@ -151,3 +133,7 @@ namespace accelerate::detail {
 /// The registry's entry under the name the accelerator's first versions used.
 using CheckpointEntry = checkpoint::Entry;
 }  // namespace accelerate::detail
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/checkpoint/registry.ipp>
+#endif

@@ -21,6 +21,7 @@
 #include <torch/version.h>
 
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/linkage.hpp>
 
 namespace accelerate::compat {
 
@@ -64,12 +65,7 @@ inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
 
 /// Whether autocast on `device` computes in `dtype`: CUDA does half and bfloat16; the CPU
 /// bfloat16 and, since 2.2, half. LibTorch's C++ setters do not check this themselves.
-inline bool autocast_supports(c10::DeviceType device, c10::ScalarType dtype) {
-  if (dtype == c10::ScalarType::BFloat16) return true;
-  if (dtype != c10::ScalarType::Half) return false;
-  if (device == c10::DeviceType::CUDA) return true;
-  return TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2);
-}
+bool autocast_supports(c10::DeviceType device, c10::ScalarType dtype);
 
 inline int autocast_increment_nesting() { return at::autocast::increment_nesting(); }
 inline int autocast_decrement_nesting() { return at::autocast::decrement_nesting(); }
@@ -83,38 +79,12 @@ inline constexpr bool amp_cpu_kernels =
 
 /// Multiplies every gradient by inv_scale and sets found_inf to 1 if any element was inf/NaN.
 /// All tensors share one device; grads share one dtype.
-inline void non_finite_check_and_unscale(std::vector<at::Tensor>& grads, at::Tensor& found_inf,
-                                         const at::Tensor& inv_scale) {
-  if (grads.empty()) return;
-  if (amp_cpu_kernels || grads.front().is_cuda()) {
-    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
-    return;
-  }
-  for (auto& g : grads) {
-    found_inf.add_(g.isfinite().logical_not().any().to(found_inf.dtype())).clamp_max_(1);
-    g.mul_(inv_scale);
-  }
-}
+void non_finite_check_and_unscale(std::vector<at::Tensor>& grads, at::Tensor& found_inf,
+                                  const at::Tensor& inv_scale);
 
 /// PyTorch's GradScaler update rule in place on `scale` and `growth_tracker`.
-inline void update_scale(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
-                         double growth_factor, double backoff_factor, int64_t growth_interval) {
-  if (amp_cpu_kernels || scale.is_cuda()) {
-    at::_amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
-                           growth_interval);
-    return;
-  }
-  if (found_inf.item<float>() > 0) {
-    scale.mul_(backoff_factor);
-    growth_tracker.zero_();
-  } else {
-    growth_tracker.add_(1);
-    if (growth_tracker.item<int64_t>() == growth_interval) {
-      scale.mul_(growth_factor);
-      growth_tracker.zero_();
-    }
-  }
-}
+void update_scale(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                  double growth_factor, double backoff_factor, int64_t growth_interval);
 
 // --- CPU buffers on transparent huge pages ------------------------------------------------
 // LibTorch's CPU allocator asks the kernel for huge pages (madvise MADV_HUGEPAGE, 2 MB each)
@@ -132,14 +102,7 @@ inline void request_cpu_huge_pages() noexcept {}
 
 /// Whether LibTorch backs this process's large CPU buffers with huge pages; nullopt where this
 /// release does not say.
-inline std::optional<bool> cpu_huge_pages() {
-#if defined(__linux__) && !defined(__ANDROID__) && \
-    (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11))
-  return c10::c10_compute_alignment(std::size_t{2} << 20) != c10::gAlignment;
-#else
-  return std::nullopt;
-#endif
-}
+std::optional<bool> cpu_huge_pages();
 
 // --- schedulers --------------------------------------------------------------------------
 // LRScheduler keeps its step count in a protected member; it is the scheduler's whole state
@@ -193,19 +156,7 @@ inline void set_scheduler_step_count(torch::optim::LRScheduler& scheduler, unsig
 /// Whether `scheduler` sets the learning rates of `optimizer`. LRScheduler holds its optimizer
 /// privately, so this asks: it gives the optimizer's param groups learning rates no schedule
 /// produces, reads them back through the scheduler, and restores them.
-inline bool scheduler_follows(const torch::optim::LRScheduler& scheduler, torch::optim::Optimizer& optimizer) {
-  auto& groups = optimizer.param_groups();
-  std::vector<double> kept;
-  std::vector<double> probe;
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    kept.push_back(groups[i].options().get_lr());
-    probe.push_back(-1e300 - 1e285 * static_cast<double>(i));  // negative: never a real rate
-    groups[i].options().set_lr(probe.back());
-  }
-  const std::vector<double> seen = (scheduler.*detail::SchedulerAccess::current_lrs_member())();
-  for (std::size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(kept[i]);
-  return seen == probe;
-}
+bool scheduler_follows(const torch::optim::LRScheduler& scheduler, torch::optim::Optimizer& optimizer);
 
 /// What ReduceLROnPlateauScheduler::step() changes: its evaluation count, the best metric so
 /// far, the evaluations since it improved, and the remaining cooldown.
@@ -216,19 +167,9 @@ struct PlateauState {
   int cooldown_counter = 0;
 };
 
-inline PlateauState plateau_state(const torch::optim::ReduceLROnPlateauScheduler& s) {
-  using namespace detail;
-  return {s.*member_pointer(PlateauLastEpoch{}), s.*member_pointer(PlateauBest{}),
-          s.*member_pointer(PlateauBadEpochs{}), s.*member_pointer(PlateauCooldown{})};
-}
+PlateauState plateau_state(const torch::optim::ReduceLROnPlateauScheduler& s);
 
-inline void set_plateau_state(torch::optim::ReduceLROnPlateauScheduler& s, const PlateauState& state) {
-  using namespace detail;
-  s.*member_pointer(PlateauLastEpoch{}) = state.last_epoch;
-  s.*member_pointer(PlateauBest{}) = state.best;
-  s.*member_pointer(PlateauBadEpochs{}) = state.num_bad_epochs;
-  s.*member_pointer(PlateauCooldown{}) = state.cooldown_counter;
-}
+void set_plateau_state(torch::optim::ReduceLROnPlateauScheduler& s, const PlateauState& state);
 
 // --- device memory -----------------------------------------------------------------------
 // Through the accelerator-generic DeviceAllocator of LibTorch 2.11 (ATen/DeviceAccelerator.h),
@@ -236,28 +177,19 @@ inline void set_plateau_state(torch::optim::ReduceLROnPlateauScheduler& s, const
 
 /// Returns the cached, unused blocks of the accelerator's caching allocator to the device (a
 /// no-op without an accelerator, or with a CUDA build on a machine without a GPU).
-inline void empty_device_cache() {
-  const auto type = at::accelerator::getAccelerator(false);
-  if (!type || at::accelerator::deviceCount() == 0) return;
-  at::getDeviceAllocator(*type)->emptyCache();
-}
+void empty_device_cache();
 
 /// Frees a storage's memory in place: every tensor viewing it keeps its shape but has no data
 /// until allocate_storage (ZeRO stage 3's released parameters; FSDP resizes storages the same
 /// way). StorageImpl's data-pointer setters are public in 2.x but not a documented API.
-inline void free_storage(const c10::Storage& storage) {
-  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
-  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, impl->device()));
-  impl->set_nbytes(std::size_t{0});
-}
+void free_storage(const c10::Storage& storage);
 
 /// Gives a storage freed by free_storage `nbytes` of fresh memory from its own allocator, in
 /// place, so the tensors (and autograd's saved views) that share it see the new memory.
-inline void allocate_storage(const c10::Storage& storage, std::size_t nbytes) {
-  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
-  if (impl->nbytes() == nbytes && impl->data() != nullptr) return;
-  impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
-  impl->set_nbytes(nbytes);
-}
+void allocate_storage(const c10::Storage& storage, std::size_t nbytes);
 
 }  // namespace accelerate::compat
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/compat/torch.ipp>
+#endif

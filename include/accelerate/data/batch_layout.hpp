@@ -16,6 +16,7 @@
 
 #include <accelerate/data/batch.hpp>
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/linkage.hpp>
 
 namespace accelerate::data {
 
@@ -30,24 +31,7 @@ template <class T>
 std::pair<nlohmann::json, at::Tensor> pack_batch(const T& batch, const c10::Device& device);
 
 /// Bytes of all the tensors a pack_batch() layout (or a part of one) describes.
-inline std::int64_t packed_bytes(const nlohmann::json& layout) {
-  if (layout.is_array()) {
-    std::int64_t total = 0;
-    for (const auto& item : layout) total += packed_bytes(item);
-    return total;
-  }
-  if (!layout.is_object()) return 0;  // an undefined tensor
-  if (layout.contains("dtype") && layout["dtype"].is_number_integer() && layout.contains("shape") &&
-      layout["shape"].is_array()) {
-    std::int64_t n = static_cast<std::int64_t>(c10::elementSize(static_cast<at::ScalarType>(layout["dtype"].get<int>())));
-    for (const auto& extent : layout["shape"]) n *= extent.get<std::int64_t>();
-    return n;
-  }
-  if (layout.contains("value") && layout.size() == 1 && !layout["value"].is_object()) return 0;  // a number or string
-  std::int64_t total = 0;  // a map
-  for (const auto& [key, item] : layout.items()) total += packed_bytes(item);
-  return total;
-}
+std::int64_t packed_bytes(const nlohmann::json& layout);
 
 /// The batch that pack_batch() described (see there); tensors are created on `bytes`' device.
 /// A layout that does not match T is an accelerate::Error naming what differs.
@@ -179,3 +163,7 @@ T unpack_batch(const nlohmann::json& layout, const at::Tensor& bytes) {
 }
 
 }  // namespace accelerate::data
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/data/batch_layout.ipp>
+#endif

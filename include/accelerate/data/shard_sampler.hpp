@@ -12,6 +12,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/linkage.hpp>
 
 namespace accelerate::data {
 
@@ -45,11 +46,7 @@ struct ShardSpec {
 ///   s.batches_per_rank();  // 2: positions 4..7, then 12..15 wrapped to 2..5 of the order
 class ShardSampler {
  public:
-  explicit ShardSampler(const ShardSpec& spec) : spec_(spec) {
-    ACCELERATE_CHECK(spec.batch_size > 0, "ShardSampler: batch_size must be > 0");
-    ACCELERATE_CHECK(spec.world_size > 0 && spec.rank < spec.world_size,
-                     "ShardSampler: rank ", spec.rank, " is outside world_size ", spec.world_size);
-  }
+  explicit ShardSampler(const ShardSpec& spec);
 
   const ShardSpec& spec() const noexcept { return spec_; }
   /// Changes the shuffle seed (restoring a saved position).
@@ -67,16 +64,7 @@ class ShardSampler {
   std::size_t batches_per_rank() const noexcept { return batches_for(spec_.rank); }
 
   /// Number of batches rank `rank` reads per epoch.
-  std::size_t batches_for(std::size_t rank) const noexcept {
-    const std::size_t n = samples(), b = spec_.batch_size, w = spec_.world_size;
-    if (n == 0) return 0;
-    const std::size_t full = n / b;
-    if (spec_.drop_last) return full / w;
-    const std::size_t total = full + (n % b != 0 ? 1 : 0);
-    if (w == 1) return total;
-    if (spec_.even_batches) return (n + w * b - 1) / (w * b);
-    return total / w + (rank < total % w ? 1 : 0);
-  }
+  std::size_t batches_for(std::size_t rank) const noexcept;
 
   /// Samples of the last round that are real rather than wrapped-around padding, or 0 when the
   /// last round is all real (gather_for_metrics truncates to this on the last batch).
@@ -87,33 +75,11 @@ class ShardSampler {
 
   /// The epoch's order of dataset indices: a permutation from a generator seeded with
   /// seed + epoch when shuffling, else 0..n-1.
-  std::vector<int64_t> order(std::size_t epoch) const {
-    const auto n = static_cast<int64_t>(spec_.dataset_size);
-    std::vector<int64_t> out(static_cast<std::size_t>(n));
-    if (!spec_.shuffle) {
-      for (int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = i;
-      return out;
-    }
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(spec_.seed + epoch);
-    const at::Tensor perm = at::randperm(n, generator, at::TensorOptions().dtype(at::kLong));
-    std::copy_n(perm.data_ptr<int64_t>(), n, out.begin());
-    return out;
-  }
+  std::vector<int64_t> order(std::size_t epoch) const;
 
   /// Dataset indices of this rank's k-th batch, given the epoch's order (positions from
   /// epoch_start() on; the even_batches tail wraps around to epoch_start()).
-  std::vector<int64_t> batch(const std::vector<int64_t>& order, std::size_t k) const {
-    const std::size_t skipped = std::min(start_, order.size());
-    const std::size_t n = order.size() - skipped, b = spec_.batch_size;
-    const std::size_t global = k * spec_.world_size + spec_.rank;
-    const std::size_t begin = global * b;
-    const bool wrap = spec_.world_size > 1 && spec_.even_batches && !spec_.drop_last;
-    const std::size_t end = wrap ? begin + b : std::min(begin + b, n);
-    std::vector<int64_t> out;
-    out.reserve(end > begin ? end - begin : 0);
-    for (std::size_t p = begin; p < end; ++p) out.push_back(order[skipped + (p < n ? p : (p - n) % n)]);
-    return out;
-  }
+  std::vector<int64_t> batch(const std::vector<int64_t>& order, std::size_t k) const;
 
  private:
   ShardSpec spec_;
@@ -121,3 +87,7 @@ class ShardSampler {
 };
 
 }  // namespace accelerate::data
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/data/shard_sampler.ipp>
+#endif

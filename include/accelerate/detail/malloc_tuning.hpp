@@ -24,33 +24,23 @@ namespace accelerate::detail {
 
 /// Keeps freed CPU buffers in the process heap: glibc's mmap threshold 32 MB, trim threshold
 /// 128 MB. Process-wide; the last Accelerator built decides.
-inline void retain_freed_memory() noexcept {
-#if defined(__GLIBC__)
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 128 << 20);
-#endif
-}
+void retain_freed_memory() noexcept;
 
 /// Hands freed CPU buffers of 4 MB and more back to the system at once: glibc's mmap threshold
 /// fixed at 4 MB (a fixed threshold is never raised), trim threshold 4 MB; what the heap
 /// holds free now is handed back too. Process-wide.
-inline void return_freed_memory() noexcept {
-#if defined(__GLIBC__)
-  mallopt(M_MMAP_THRESHOLD, 4 << 20);
-  mallopt(M_TRIM_THRESHOLD, 4 << 20);
-  malloc_trim(0);  // and what an earlier setting kept
-#endif
-}
+void return_freed_memory() noexcept;
 
 /// The process-wide CPU memory settings an Accelerator applies. A member declared ahead of the
 /// others, so they apply before anything the Accelerator does allocates (huge pages take effect
 /// only for a process that has not allocated a CPU tensor yet).
 struct CpuMemorySettings {
-  CpuMemorySettings(bool retain_freed, bool huge_pages) noexcept {
-    if (huge_pages) compat::request_cpu_huge_pages();
-    if (retain_freed) retain_freed_memory();
-    else return_freed_memory();
-  }
+  CpuMemorySettings(bool retain_freed, bool huge_pages) noexcept;
 };
 
 }  // namespace accelerate::detail
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/detail/linkage.hpp>
+#include <accelerate/detail/malloc_tuning.ipp>
+#endif

@@ -19,6 +19,7 @@
 
 #include <accelerate/compat/c10d.hpp>
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/linkage.hpp>
 #include <accelerate/distributed/reduction.hpp>
 #include <accelerate/distributed/stats.hpp>
 
@@ -39,11 +40,7 @@ struct InFlight {
   std::function<void()> complete;
 
   explicit operator bool() const noexcept { return static_cast<bool>(work); }
-  void reset() noexcept {
-    work.reset();
-    finished.reset();
-    complete = nullptr;
-  }
+  void reset() noexcept;
 };
 
 /// Collectives over one c10d backend. Thread-safe counting: gradient hooks may run on
@@ -60,65 +57,21 @@ class Communicator {
   c10d::Backend& backend() noexcept { return *backend_; }
 
   /// In-place all-reduce. Gloo has no AVG, so mean is a sum divided by the world size.
-  void all_reduce(at::Tensor& tensor, Reduction reduction) {
-    const Reduction sent = reduction == Reduction::mean ? Reduction::sum : reduction;
-    agree(CollectiveOp::all_reduce, &tensor, static_cast<std::int64_t>(sent));
-    std::vector<at::Tensor> tensors{tensor};
-    c10d::AllreduceOptions options;
-    options.reduceOp = to_reduce_op(sent);
-    wait(start(backend_->allreduce(tensors, options)), "all_reduce");
-    count(stats_.allreduce, tensor);
-    if (reduction == Reduction::mean) divide_by_world(tensor);
-  }
+  void all_reduce(at::Tensor& tensor, Reduction reduction);
 
   /// Starts a sum all-reduce of `tensor` (gradient buckets, counted as such too); wait() for it.
-  InFlight all_reduce_async(at::Tensor& tensor) {
-    agree(CollectiveOp::all_reduce, &tensor, static_cast<std::int64_t>(Reduction::sum));
-    std::vector<at::Tensor> tensors{tensor};
-    InFlight work = start(backend_->allreduce(tensors));
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_.allreduce.add(bytes(tensor));
-    stats_.gradient_allreduce.add(bytes(tensor));
-    return work;
-  }
+  InFlight all_reduce_async(at::Tensor& tensor);
 
   /// In-place broadcast from `root`.
-  void broadcast(at::Tensor& tensor, int root) {
-    agree(CollectiveOp::broadcast, &tensor, root);
-    std::vector<at::Tensor> tensors{tensor};
-    c10d::BroadcastOptions options;
-    options.rootRank = root;
-    wait(start(backend_->broadcast(tensors, options)), "broadcast");
-    count(stats_.broadcast, tensor);
-  }
+  void broadcast(at::Tensor& tensor, int root);
 
   /// Every rank's copy of `tensor` (same shape everywhere), in rank order.
-  std::vector<at::Tensor> all_gather(const at::Tensor& tensor) {
-    at::Tensor input = tensor.contiguous();
-    agree(CollectiveOp::all_gather, &input, 0);
-    std::vector<at::Tensor> inputs{input};
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int r = 0; r < world_size_; ++r) outputs[0].push_back(at::empty_like(input));
-    wait(start(backend_->allgather(outputs, inputs)), "all_gather");
-    count(stats_.allgather, input);
-    return outputs[0];
-  }
+  std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
 
   /// This rank's slice of the element-wise reduction of `tensor` across ranks: dimension 0 is
   /// split into world_size equal slices and rank r receives slice r (c10d's
   /// reduce_scatter_tensor). Dimension 0 must be divisible by the world size.
-  at::Tensor reduce_scatter(const at::Tensor& tensor, Reduction reduction) {
-    ACCELERATE_CHECK(tensor.dim() > 0 && tensor.size(0) % world_size_ == 0, "reduce_scatter: dimension 0 of a "
-                     "tensor of shape ", tensor.sizes(), " does not split into ", world_size_, " equal slices");
-    at::Tensor input = tensor.contiguous();
-    const Reduction sent = reduction == Reduction::mean ? Reduction::sum : reduction;
-    std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
-    shape[0] /= world_size_;
-    at::Tensor output = at::empty(shape, input.options());
-    wait(reduce_scatter_async(input, output, sent), "reduce_scatter");
-    if (reduction == Reduction::mean) divide_by_world(output);
-    return output;
-  }
+  at::Tensor reduce_scatter(const at::Tensor& tensor, Reduction reduction);
 
   /// Starts a reduce-scatter of `input` (its length divisible by the world size) into `output`
   /// (1/world_size of it: rank r receives slice r) and returns its work handle (sharded
@@ -132,12 +85,7 @@ class Communicator {
   /// the bytes; the all-to-all halves a 25 MB reduce-scatter's time at the same memory and
   /// makes ZeRO steps 6-15 % faster (bench/README.md), and its sums do not depend on where a
   /// slice lies in the input (a ring all-reduce starts each chunk's sum at another rank).
-  InFlight reduce_scatter_async(at::Tensor& input, at::Tensor& output, Reduction reduction = Reduction::sum) {
-    ACCELERATE_CHECK(reduction != Reduction::mean, "reduce_scatter_async: reduce with sum and divide the result");
-    agree(CollectiveOp::reduce_scatter, &input, static_cast<std::int64_t>(reduction));
-    count(stats_.reduce_scatter, input);
-    return start_reduce_scatter(input, output, reduction);
-  }
+  InFlight reduce_scatter_async(at::Tensor& input, at::Tensor& output, Reduction reduction = Reduction::sum);
 
   /// Whether `work` has completed (never blocks; its wait() still runs InFlight::complete).
   static bool done(const InFlight& work) { return work.work->isCompleted(); }
@@ -156,32 +104,12 @@ class Communicator {
   /// Example:
   ///   auto work = comm.gradient_sum_scatter_async(flat);  comm.wait(work, "...");
   ///   for (auto& w : comm.gradient_sum_gather_async(flat, tag)) comm.wait(w, "...");
-  InFlight gradient_sum_scatter_async(at::Tensor& bucket) {
-    agree(CollectiveOp::reduce_scatter, &bucket, static_cast<std::int64_t>(Reduction::sum));
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stats_.allreduce.add(bytes(bucket));
-      stats_.gradient_allreduce.add(bytes(bucket));
-    }
-    at::Tensor mine = own_slice(bucket, rank_);  // the all-to-all has read `bucket` when the sum is written
-    return start_reduce_scatter(bucket, mine, Reduction::sum);
-  }
+  InFlight gradient_sum_scatter_async(at::Tensor& bucket);
   /// The second half of gradient_sum_scatter_async: this rank's summed slice of `bucket` sent
   /// to every other rank, theirs received into their slices, point to point with `tag` (the
   /// same on every rank, distinct per bucket in flight). Not c10d's all-gather, which on Gloo
   /// gathers into a flat copy and copies it out again (a pass over the gradients per step).
-  std::vector<InFlight> gradient_sum_gather_async(at::Tensor& bucket, int tag) {
-    std::vector<InFlight> works;
-    at::Tensor mine = own_slice(bucket, rank_);
-    for (int peer = 0; peer < world_size_; ++peer) {
-      if (peer == rank_) continue;
-      std::vector<at::Tensor> sent{mine};
-      works.push_back(start(backend_->send(sent, peer, tag)));
-      std::vector<at::Tensor> received{own_slice(bucket, peer)};
-      works.push_back(start(backend_->recv(received, peer, tag)));
-    }
-    return works;
-  }
+  std::vector<InFlight> gradient_sum_gather_async(at::Tensor& bucket, int tag);
 
   /// Every rank's `input` (the same length everywhere) into `output`, in rank order, as one
   /// flat all-gather (sharded parameters made whole). `what` names it in errors.
@@ -190,63 +118,23 @@ class Communicator {
   }
   /// Starts all_gather_into and returns its work handle (stage 3 prefetches the next unit's
   /// parameters while the current one computes); wait() for it.
-  InFlight all_gather_into_async(at::Tensor& output, at::Tensor& input) {
-    agree(CollectiveOp::all_gather, &input, 0);
-    InFlight work = start(backend_->_allgather_base(output, input));
-    count(stats_.allgather, input);
-    return work;
-  }
+  InFlight all_gather_into_async(at::Tensor& output, at::Tensor& input);
 
   /// Starts sending `tensor` (contiguous) to rank `to`; rank `to` receives it with
   /// recv_async(..., from = this rank, the same tag). Point to point, so unlike the collectives
   /// it is not part of the layout check; counted under CommStats::point_to_point (bytes sent).
   /// Example (the sharded save_model streams parameter slices to rank 0 so):
   ///   auto sent = comm.send_async(slice, 0, tag);  comm.wait(sent, "send");
-  InFlight send_async(at::Tensor& tensor, int to, int tag) {
-    ACCELERATE_CHECK(tensor.is_contiguous() && to >= 0 && to < world_size_ && to != rank_, "send: rank ", rank_,
-                     " cannot send a ", tensor.is_contiguous() ? "" : "non-contiguous ", "tensor to rank ", to);
-    std::vector<at::Tensor> tensors{tensor};
-    InFlight work = start(backend_->send(tensors, to, tag));
-    count(stats_.point_to_point, tensor);
-    return work;
-  }
+  InFlight send_async(at::Tensor& tensor, int to, int tag);
   /// Starts receiving into `tensor` (contiguous, the sent size) what rank `from` sends with `tag`.
-  InFlight recv_async(at::Tensor& tensor, int from, int tag) {
-    ACCELERATE_CHECK(tensor.is_contiguous() && from >= 0 && from < world_size_ && from != rank_, "recv: rank ",
-                     rank_, " cannot receive into a ", tensor.is_contiguous() ? "" : "non-contiguous ",
-                     "tensor from rank ", from);
-    std::vector<at::Tensor> tensors{tensor};
-    return start(backend_->recv(tensors, from, tag));
-  }
+  InFlight recv_async(at::Tensor& tensor, int from, int tag);
 
-  void barrier() {
-    agree(CollectiveOp::barrier, nullptr, 0);
-    wait(start(backend_->barrier()), "barrier");
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_.barrier.add(0);
-  }
+  void barrier();
 
   /// Waits for a collective; a failure (peer gone, timeout) becomes an accelerate::Error
   /// naming the collective, this rank and, from the heartbeat, which rank stopped. The time
   /// blocked here is exposed communication (CommStats::time).
-  void wait(const InFlight& work, const char* what) {
-    const auto blocked = std::chrono::steady_clock::now();
-    try {
-      work.work->wait();
-    } catch (const std::exception& e) {
-      const std::string cause = diagnose_ ? diagnose_() : "a peer exited or timed out";
-      accelerate::detail::fail(what, " failed on rank ", rank_, " of ", world_size_, ": ", cause,
-                               " (", e.what(), ")");
-    }
-    if (work.complete) work.complete();
-    const auto now = std::chrono::steady_clock::now();
-    // Done, but its completion callback may not have run yet: then it completed by now.
-    stamp(*work.finished, now);
-    const std::chrono::steady_clock::time_point finished{std::chrono::steady_clock::duration(work.finished->load())};
-    std::lock_guard<std::mutex> lock(mutex_);
-    const CommTime spent = busy_since(work.started, std::min(finished, now), now - blocked);
-    stats_.time += spent;
-  }
+  void wait(const InFlight& work, const char* what);
 
   /// Turns on collective verification (ProcessGroupOptions::verify_collectives): before each
   /// collective, every rank all-gathers a 5-integer description of it (which collective, dtype,
@@ -274,27 +162,11 @@ class Communicator {
 
   /// Counts one completed gradient synchronisation round, which ends a step in
   /// CommStats::last_step.
-  void count_grad_sync_round() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++stats_.grad_sync_rounds;
-    stats_.last_step = stats_.time - step_started_;
-    step_started_ = stats_.time;
-  }
+  void count_grad_sync_round();
 
  private:
   // Stamps a collective's start and, from c10d's completion callback, its end.
-  InFlight start(compat::WorkPtr work) {
-    InFlight flight{std::move(work), std::chrono::steady_clock::now(),
-                    std::make_shared<std::atomic<std::chrono::steady_clock::rep>>(0)};
-    try {
-      flight.work->getFuture()->addCallback([finished = flight.finished](c10::ivalue::Future&) {
-        stamp(*finished, std::chrono::steady_clock::now());
-      });
-    } catch (const c10::Error&) {
-      // A backend without futures: the end of the wait stands for the completion.
-    }
-    return flight;
-  }
+  InFlight start(compat::WorkPtr work);
 
   // Rank r's 1/world_size of a 1-D tensor.
   at::Tensor own_slice(const at::Tensor& flat, int r) const {
@@ -303,25 +175,7 @@ class Communicator {
   }
 
   // A reduce-scatter, uncounted and unchecked (see reduce_scatter_async).
-  InFlight start_reduce_scatter(at::Tensor& input, at::Tensor& output, Reduction reduction) {
-    if (all_to_all_reduce_scatter_ && reduction == Reduction::sum && input.scalar_type() != at::kBool &&
-        backend_->getBackendName() == "gloo") {
-      at::Tensor received = at::empty_like(input, at::MemoryFormat::Contiguous);
-      std::vector<int64_t> equal_splits;
-      InFlight work = start(backend_->alltoall_base(received, input, equal_splits, equal_splits));
-      work.complete = [received, output, world = world_size_]() mutable {
-        at::NoGradGuard no_grad;
-        const auto slices = received.chunk(world, 0);
-        if (world == 1) output.copy_(slices[0]);
-        else at::add_out(output, slices[0], slices[1]);  // the first sum written, not copied then added
-        for (int r = 2; r < world; ++r) output.add_(slices[static_cast<std::size_t>(r)]);
-      };
-      return work;
-    }
-    c10d::ReduceScatterOptions options;
-    options.reduceOp = to_reduce_op(reduction);
-    return start(backend_->_reduce_scatter_base(output, input, options));
-  }
+  InFlight start_reduce_scatter(at::Tensor& input, at::Tensor& output, Reduction reduction);
 
   // Records `now` as a collective's completion unless one was recorded first (the callback
   // and the wait race; the earlier stamp is the truer one).
@@ -334,73 +188,21 @@ class Communicator {
   // earlier ones (collectives on one group complete in order, so the union is the part after
   // the last completion), and the time blocked waiting for it.
   CommTime busy_since(std::chrono::steady_clock::time_point started, std::chrono::steady_clock::time_point finished,
-                      std::chrono::steady_clock::duration blocked) {
-    const auto from = std::max(started, busy_until_);
-    CommTime spent;
-    if (finished > from) spent.busy_seconds = std::chrono::duration<double>(finished - from).count();
-    busy_until_ = std::max(busy_until_, finished);
-    spent.exposed_seconds = std::chrono::duration<double>(blocked).count();
-    return spent;
-  }
+                      std::chrono::steady_clock::duration blocked);
   // A mean is a sum divided by the world size (Gloo has no AVG); integers round down.
   void divide_by_world(at::Tensor& sum) const {
     if (sum.is_floating_point()) sum.div_(world_size_);
     else sum.floor_divide_(world_size_);
   }
 
-  static c10d::ReduceOp to_reduce_op(Reduction reduction) {
-    return reduction == Reduction::max   ? c10d::ReduceOp::MAX
-           : reduction == Reduction::min ? c10d::ReduceOp::MIN
-                                         : c10d::ReduceOp::SUM;  // mean: a sum, then divided
-  }
+  static c10d::ReduceOp to_reduce_op(Reduction reduction);
 
   enum class CollectiveOp : std::int64_t { all_reduce = 1, broadcast, all_gather, barrier, reduce_scatter };
-  static const char* op_name(std::int64_t op) {
-    switch (static_cast<CollectiveOp>(op)) {
-      case CollectiveOp::all_reduce: return "all_reduce";
-      case CollectiveOp::broadcast: return "broadcast";
-      case CollectiveOp::all_gather: return "all_gather";
-      case CollectiveOp::barrier: return "barrier";
-      case CollectiveOp::reduce_scatter: return "reduce_scatter";
-    }
-    return "an unknown collective";
-  }
-  static std::string describe(const std::int64_t* d) {
-    std::string out = op_name(d[0]);
-    if (static_cast<CollectiveOp>(d[0]) == CollectiveOp::barrier) return out;
-    out += " of " + std::to_string(d[2]) + " " + c10::toString(static_cast<at::ScalarType>(d[1])) + " elements";
-    if (static_cast<CollectiveOp>(d[0]) == CollectiveOp::broadcast) out += " from rank " + std::to_string(d[3]);
-    else if (static_cast<CollectiveOp>(d[0]) == CollectiveOp::all_reduce ||
-             static_cast<CollectiveOp>(d[0]) == CollectiveOp::reduce_scatter)
-      out += " (reduction " + std::to_string(d[3]) + ")";
-    return out;
-  }
+  static const char* op_name(std::int64_t op);
+  static std::string describe(const std::int64_t* d);
 
   // With verification on: the same description from every rank, or an error on each of them.
-  void agree(CollectiveOp op, const at::Tensor* t, std::int64_t argument) {
-    if (!verify_) return;
-    const std::int64_t call = verified_calls_++;
-    const std::int64_t dtype = t ? static_cast<std::int64_t>(t->scalar_type()) : 0;
-    at::Tensor mine =
-        at::tensor({static_cast<std::int64_t>(op), dtype, t ? t->numel() : 0, argument, call}, at::kLong)
-            .to(verify_device_);
-    std::vector<at::Tensor> inputs{mine};
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int r = 0; r < world_size_; ++r) outputs[0].push_back(at::empty_like(mine));
-    wait(start(backend_->allgather(outputs, inputs)), "collective verification");
-    std::vector<at::Tensor> all;
-    for (auto& o : outputs[0]) all.push_back(o.cpu());
-    const auto* first = all[0].data_ptr<std::int64_t>();
-    for (int r = 1; r < world_size_; ++r) {
-      const auto* theirs = all[static_cast<std::size_t>(r)].data_ptr<std::int64_t>();
-      if (std::equal(first, first + 5, theirs)) continue;
-      accelerate::detail::fail("collective mismatch (ProcessGroupOptions::verify_collectives): rank 0 calls ",
-                               describe(first), " as its collective ", first[4], ", but rank ", r, " calls ",
-                               describe(theirs), " as its collective ", theirs[4],
-                               "; every rank must make the same collectives, with the same sizes, in the "
-                               "same order (seen on rank ", rank_, ")");
-    }
-  }
+  void agree(CollectiveOp op, const at::Tensor* t, std::int64_t argument);
 
   static std::uint64_t bytes(const at::Tensor& t) {
     return static_cast<std::uint64_t>(t.numel()) * t.element_size();
@@ -428,43 +230,11 @@ class Communicator {
 /// (a contiguous tensor as large as that goes alone, without a copy). Pieces, not one flat copy
 /// of everything: at prepare that copy was a second model at once (bench/README.md, "Where a
 /// rank's memory goes"). Every rank must pass the same shapes and dtypes.
-inline void broadcast_flat(Communicator& comm, const std::vector<at::Tensor>& tensors, int root,
-                           std::size_t piece_bytes = std::size_t{64} << 20) {
-  torch::NoGradGuard no_grad;
-  std::map<int, std::vector<at::Tensor>> by_dtype;
-  for (const auto& t : tensors) by_dtype[static_cast<int>(t.scalar_type())].push_back(t);
-  auto send = [&](const std::vector<at::Tensor>& piece) {
-    if (piece.size() == 1 && piece.front().is_contiguous()) {
-      at::Tensor whole = piece.front().detach();
-      comm.broadcast(whole, root);
-      return;
-    }
-    std::vector<at::Tensor> flat_parts;
-    for (const auto& t : piece) flat_parts.push_back(t.detach().reshape(-1));
-    at::Tensor flat = at::cat(flat_parts);
-    comm.broadcast(flat, root);
-    int64_t offset = 0;
-    for (const auto& t : piece) {
-      t.detach().copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
-  };
-  for (auto& [dtype, group] : by_dtype) {
-    std::vector<at::Tensor> piece;
-    std::size_t bytes = 0;
-    for (const auto& t : group) {
-      if (t.numel() == 0) continue;  // nothing to receive
-      const auto size = static_cast<std::size_t>(t.numel()) * t.element_size();
-      if (!piece.empty() && bytes + size > piece_bytes) {
-        send(piece);
-        piece.clear();
-        bytes = 0;
-      }
-      piece.push_back(t);
-      bytes += size;
-    }
-    if (!piece.empty()) send(piece);
-  }
-}
+void broadcast_flat(Communicator& comm, const std::vector<at::Tensor>& tensors, int root,
+                    std::size_t piece_bytes = std::size_t{64} << 20);
 
 }  // namespace accelerate::distributed
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/distributed/communicator.ipp>
+#endif

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <accelerate/compat/c10d.hpp>
+#include <accelerate/detail/linkage.hpp>
 #include <accelerate/distributed/process_environment.hpp>
 
 namespace accelerate::distributed {
@@ -32,40 +33,14 @@ class Heartbeat {
   /// thread, retried until it is up: a store slow to accept one more client (a loaded host,
   /// where a 5 s connect once failed a whole test job) neither fails nor delays start-up.
   Heartbeat(const ProcessEnvironment& env, const std::string& prefix,
-            std::chrono::milliseconds interval = std::chrono::seconds(1))
-      : shared_(std::make_shared<Shared>()) {
-    shared_->env = env;
-    shared_->prefix = prefix;
-    shared_->interval = interval;
-    std::thread([shared = shared_] { shared->run(); }).detach();
-  }
-  ~Heartbeat() {
-    {
-      std::lock_guard<std::mutex> lock(shared_->mutex);
-      shared_->stop = true;
-    }
-    shared_->wake.notify_all();
-  }
+            std::chrono::milliseconds interval = std::chrono::seconds(1));
+  ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
 
   /// Which ranks stopped beating, watched over a few intervals; or that the store does not
   /// answer. Called after a collective failed; returns within about 4 intervals.
-  std::string diagnose() {
-    const auto shared = shared_;
-    const auto before = query(shared);
-    if (!before) return unreachable(*shared);
-    std::this_thread::sleep_for(shared->interval * 5 / 2);
-    const auto after = query(shared);
-    if (!after) return unreachable(*shared);
-    std::ostringstream stopped;
-    int n = 0;
-    for (int r = 0; r < shared->env.world_size; ++r)
-      if (r != shared->env.rank && (*after)[static_cast<std::size_t>(r)] == (*before)[static_cast<std::size_t>(r)])
-        stopped << (n++ ? ", " : "") << r;
-    if (n == 0) return "every rank is still alive (a slow peer, or collectives issued in different orders?)";
-    return std::string(n == 1 ? "rank " : "ranks ") + stopped.str() + " stopped responding";
-  }
+  std::string diagnose();
 
  private:
   struct Shared {
@@ -121,23 +96,7 @@ class Heartbeat {
   // Every rank's count, or nothing when the store does not answer within 4 intervals. The
   // query runs on a detached thread that owns what it uses, so a dead connection cannot hold
   // the caller (std::async's future would join it).
-  static std::optional<std::vector<int64_t>> query(const std::shared_ptr<Shared>& shared) {
-    auto promise = std::make_shared<std::promise<std::vector<int64_t>>>();
-    auto answer = promise->get_future();
-    std::thread([shared, promise] {
-      try {
-        promise->set_value(shared->counts());
-      } catch (...) {
-        promise->set_exception(std::current_exception());
-      }
-    }).detach();
-    if (answer.wait_for(shared->interval * 4) != std::future_status::ready) return std::nullopt;
-    try {
-      return answer.get();
-    } catch (const std::exception&) {
-      return std::nullopt;
-    }
-  }
+  static std::optional<std::vector<int64_t>> query(const std::shared_ptr<Shared>& shared);
 
   static std::string unreachable(const Shared& shared) {
     return "rank 0's rendezvous store at " + shared.env.master_addr + ":" + std::to_string(shared.env.master_port) +
@@ -148,3 +107,7 @@ class Heartbeat {
 };
 
 }  // namespace accelerate::distributed
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/distributed/heartbeat.ipp>
+#endif

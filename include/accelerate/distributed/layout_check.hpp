@@ -19,15 +19,7 @@ namespace accelerate::distributed {
 /// The user-facing collectives a layout describes.
 enum class CollectiveKind : std::int64_t { gather = 1, reduce, pad, broadcast };
 
-inline const char* collective_name(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::gather: return "gather";
-    case CollectiveKind::reduce: return "reduce";
-    case CollectiveKind::pad: return "pad_across_processes";
-    case CollectiveKind::broadcast: return "broadcast";
-  }
-  return "an unknown collective";
-}
+const char* collective_name(CollectiveKind kind);
 
 /// What one rank passes to a collective.
 struct TensorLayout {
@@ -37,13 +29,7 @@ struct TensorLayout {
   std::vector<std::int64_t> shape;
 
   /// "reduce(argument 0) of Float[2, 3]".
-  std::string describe() const {
-    std::ostringstream out;
-    out << collective_name(kind) << " of " << c10::toString(dtype) << "[";
-    for (std::size_t d = 0; d < shape.size(); ++d) out << (d ? ", " : "") << shape[d];
-    out << "]";
-    return out.str();
-  }
+  std::string describe() const;
 };
 
 }  // namespace accelerate::distributed
@@ -58,60 +44,19 @@ namespace accelerate::distributed {
 /// One rank's layout as `slots` int64 values on the CPU. A tensor of more dimensions than the
 /// descriptor holds is described by its dimension count alone, so that every rank still takes
 /// part in the exchange and all fail together.
-inline at::Tensor encode_layout(CollectiveKind kind, std::int64_t argument, const at::Tensor& t) {
-  at::Tensor out = at::zeros({detail::layout_slots}, at::kLong);
-  auto* v = out.data_ptr<std::int64_t>();
-  v[0] = static_cast<std::int64_t>(kind);
-  v[1] = argument;
-  v[2] = static_cast<std::int64_t>(t.scalar_type());
-  v[3] = t.dim();
-  for (std::int64_t d = 0; d < std::min<std::int64_t>(t.dim(), detail::layout_max_dims); ++d) v[4 + d] = t.size(d);
-  return out;
-}
+at::Tensor encode_layout(CollectiveKind kind, std::int64_t argument, const at::Tensor& t);
 
-inline TensorLayout decode_layout(const at::Tensor& encoded) {
-  const at::Tensor cpu = encoded.to(at::kCPU, at::kLong).contiguous();
-  const auto* v = cpu.data_ptr<std::int64_t>();
-  TensorLayout layout;
-  layout.kind = static_cast<CollectiveKind>(v[0]);
-  layout.argument = v[1];
-  layout.dtype = static_cast<at::ScalarType>(v[2]);
-  for (std::int64_t d = 0; d < std::min(v[3], detail::layout_max_dims); ++d) layout.shape.push_back(v[4 + d]);
-  if (v[3] > detail::layout_max_dims) layout.shape.resize(static_cast<std::size_t>(v[3]), -1);
-  return layout;
-}
+TensorLayout decode_layout(const at::Tensor& encoded);
 
 /// Checks that every rank's layout agrees with rank 0's: the same collective and argument,
 /// dtype, dimension count, and sizes except along `free_dim` (-1: none may differ). Every rank
 /// runs it on the same layouts, so each raises the same error, naming rank 0 and the first
 /// rank that differs.
-inline void check_layouts(const std::vector<TensorLayout>& layouts, std::int64_t free_dim = -1) {
-  const TensorLayout& first = layouts.at(0);
-  auto fail_with = [&](std::size_t r, const std::string& why) {
-    accelerate::detail::fail(collective_name(first.kind), ": ranks disagree on what they pass (", why,
-                             "): rank 0 passes ", first.describe(), " but rank ", r, " passes ",
-                             layouts[r].describe(), "; every rank must call the same collectives in the "
-                             "same order with tensors that match");
-  };
-  for (std::size_t r = 0; r < layouts.size(); ++r) {
-    const TensorLayout& l = layouts[r];
-    if (static_cast<std::int64_t>(l.shape.size()) > detail::layout_max_dims)
-      accelerate::detail::fail(collective_name(l.kind), ": rank ", r, " passes a tensor of ", l.shape.size(),
-                               " dimensions; at most ", detail::layout_max_dims, " are supported");
-    if (r == 0) continue;
-    if (l.kind != first.kind) fail_with(r, "a different collective");
-    if (l.argument != first.argument)
-      fail_with(r, first.kind == CollectiveKind::broadcast ? "a different root"
-                   : first.kind == CollectiveKind::pad     ? "a different dim"
-                                                           : "a different reduction");
-    if (first.kind == CollectiveKind::broadcast) continue;  // receivers take the sender's tensor
-    if (l.dtype != first.dtype) fail_with(r, "a different dtype");
-    if (l.shape.size() != first.shape.size()) fail_with(r, "a different number of dimensions");
-    for (std::size_t d = 0; d < l.shape.size(); ++d)
-      if (static_cast<std::int64_t>(d) != free_dim && l.shape[d] != first.shape[d])
-        fail_with(r, free_dim < 0 ? "shapes must be equal"
-                                  : "only dim " + std::to_string(free_dim) + " may differ");
-  }
-}
+void check_layouts(const std::vector<TensorLayout>& layouts, std::int64_t free_dim = -1);
 
 }  // namespace accelerate::distributed
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/detail/linkage.hpp>
+#include <accelerate/distributed/layout_check.ipp>
+#endif

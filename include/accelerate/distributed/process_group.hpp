@@ -25,11 +25,12 @@
 #include <accelerate/compat/c10d.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/env.hpp>
+#include <accelerate/detail/linkage.hpp>
 #include <accelerate/distributed/communicator.hpp>
 #include <accelerate/distributed/engine.hpp>
-#include <accelerate/distributed/process_environment.hpp>
 #include <accelerate/distributed/heartbeat.hpp>
 #include <accelerate/distributed/join.hpp>
+#include <accelerate/distributed/process_environment.hpp>
 #include <accelerate/distributed/reducer.hpp>
 #include <accelerate/distributed/rendezvous.hpp>
 #include <accelerate/distributed/stats.hpp>
@@ -52,16 +53,7 @@ class ReducerHandle {
   /// (as with DDP); DdpOptions::broadcast_buffers = false turns this off. Inside
   /// join_uneven_inputs the forward is first announced to the ranks that ran out (JoinContext),
   /// and the buffers come from the lowest rank still training.
-  void before_forward() {
-    int root = 0;
-    if (reducer_ && reducer_->join()) {
-      const bool sync = reducer_->sync_enabled() && torch::autograd::GradMode::is_enabled();
-      const auto notice = reducer_->join()->announce_forward(reducer_->join_index(), sync);
-      reducer_->prepare_joined_round(notice.training_ranks, notice.sync);
-      root = notice.buffer_root;
-    }
-    if (comm_ && !buffers_.empty()) broadcast_flat(*comm_, buffers_, root);
-  }
+  void before_forward();
   void set_sync(bool enabled) noexcept {
     if (reducer_) reducer_->set_sync(enabled);
   }
@@ -77,28 +69,7 @@ class ReducerHandle {
   /// GradientReducer::layout_state), kept in each rank's random_states file under
   /// "gradient_sync.<name>"; none without a reducer. A checkpoint without it (written before
   /// it existed) leaves the reducer as it is.
-  std::optional<checkpoint::Entry> checkpoint_entry(const std::string& name) const {
-    if (!reducer_) return std::nullopt;
-    const std::string key = "gradient_sync." + name;
-    return checkpoint::Entry{checkpoint::Entry::Kind::gradient_sync, checkpoint::EntryOwner::every_rank,
-                             [reducer = reducer_, key] {
-                               StateDict state;
-                               state.values[key] = reducer->layout_state();
-                               for (auto& [name, tensor] : reducer->compression_state())
-                                 state.tensors[key + "." + name] = tensor;
-                               return state;
-                             },
-                             [reducer = reducer_, key](const StateDict& state) {
-                               if (!state.values.contains(key)) return;
-                               const nlohmann::json& layout = state.values.at(key);
-                               reducer->load_layout_state(layout);
-                               std::map<std::string, at::Tensor> compression;
-                               for (const auto& [name, tensor] : state.tensors)
-                                 if (name.rfind(key + ".", 0) == 0) compression[name.substr(key.size() + 1)] = tensor;
-                               const int saved_world = layout.value("world_size", -1);  // -1: older checkpoint
-                               reducer->load_compression_state(compression, saved_world);
-                             }};
-  }
+  std::optional<checkpoint::Entry> checkpoint_entry(const std::string& name) const;
 
   /// After a forward pass: its outputs, for finding the parameters backward will not reach.
   void expect_gradients_from(const std::vector<at::Tensor>& outputs) {
@@ -113,28 +84,14 @@ class ReducerHandle {
 
 /// ACCELERATE_DEBUG_MODE as Accelerate reads it (1/true/yes or 0/false/no, any case); another
 /// value is an error naming the variable.
-inline bool debug_mode_from_environment() {
-  auto text = accelerate::detail::env_string("ACCELERATE_DEBUG_MODE");
-  if (!text) return false;
-  std::string value = *text;
-  for (auto& c : value) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (value == "1" || value == "true" || value == "yes" || value == "y" || value == "on") return true;
-  if (value == "0" || value == "false" || value == "no" || value == "n" || value == "off") return false;
-  accelerate::detail::fail("environment variable ACCELERATE_DEBUG_MODE='", *text,
-                           "' is not a boolean (1/true/yes or 0/false/no)");
-}
+bool debug_mode_from_environment();
 
 /// Gloo: CPU tensors, any host. Binds loopback for a local job, GLOO_SOCKET_IFNAME when set,
 /// else this host's name (as torch.distributed does).
 struct GlooFactory {
   static c10::Device device(const ProcessEnvironment&, const AcceleratorOptions&) { return {c10::kCPU}; }
   static compat::BackendPtr create(compat::StorePtr store, const ProcessEnvironment& env,
-                                   const AcceleratorOptions& options) {
-    const auto interface = accelerate::detail::env_string("GLOO_SOCKET_IFNAME").value_or("");
-    const bool loopback = env.master_addr == "localhost" || env.master_addr.rfind("127.", 0) == 0;
-    return compat::make_gloo_backend(std::move(store), env.rank, env.world_size, options.process_group.timeout,
-                                     loopback ? "127.0.0.1" : "", interface);
-  }
+                                   const AcceleratorOptions& options);
 };
 
 /// The engine of a distributed Backend policy. `Factory` makes its c10d backend and picks the
@@ -325,3 +282,7 @@ struct backend_engine<Gloo> {
 };
 
 }  // namespace accelerate::detail
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/distributed/process_group.ipp>
+#endif

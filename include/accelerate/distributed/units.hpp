@@ -21,6 +21,7 @@
 #include <torch/nn/module.h>
 
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/linkage.hpp>
 #include <accelerate/distributed/reducer.hpp>
 
 namespace accelerate::distributed {
@@ -42,34 +43,14 @@ class UnitBindings {
   }
 
   /// Binds `module` (replacing an earlier binding) and drops bindings whose model is gone.
-  void bind(const torch::nn::Module* module, Binding binding) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::erase_if(bindings_, [](const auto& item) { return item.second.reducer.expired(); });
-    bindings_[module] = std::move(binding);
-    count_.store(bindings_.size(), std::memory_order_release);
-  }
+  void bind(const torch::nn::Module* module, Binding binding);
 
   /// Forgets the units of `reducer`'s model (free_memory()).
-  void unbind(const GradientReducer* reducer) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::erase_if(bindings_, [reducer](const auto& item) {
-      const auto held = item.second.reducer.lock();
-      return !held || held.get() == reducer;
-    });
-    count_.store(bindings_.size(), std::memory_order_release);
-  }
+  void unbind(const GradientReducer* reducer);
 
   /// The binding of `module`, if its model is still prepared. Without any binding in the
   /// process this is one atomic load.
-  std::optional<std::pair<std::shared_ptr<GradientReducer>, Binding>> find(const torch::nn::Module* module) const {
-    if (count_.load(std::memory_order_acquire) == 0) return std::nullopt;
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = bindings_.find(module);
-    if (it == bindings_.end()) return std::nullopt;
-    auto reducer = it->second.reducer.lock();
-    if (!reducer) return std::nullopt;
-    return std::make_pair(std::move(reducer), it->second);
-  }
+  std::optional<std::pair<std::shared_ptr<GradientReducer>, Binding>> find(const torch::nn::Module* module) const;
 
  private:
   mutable std::mutex mutex_;
@@ -127,3 +108,7 @@ decltype(auto) unit_forward(Child& child, Args&&... args) {
 namespace accelerate {
 using distributed::unit_forward;
 }  // namespace accelerate
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/distributed/units.ipp>
+#endif

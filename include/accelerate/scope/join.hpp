@@ -33,24 +33,9 @@ class JoinScope {
   /// This rank has no more batches: match the collectives of the ranks still training until
   /// none is, then take the model from the last one to finish. Once; the destructor calls it
   /// otherwise. An error (a peer gone) is thrown here.
-  void join() {
-    if (!join_) return;
-    auto run = std::exchange(join_, {});
-    run();
-  }
+  void join();
 
-  ~JoinScope() noexcept(false) {
-    auto detach = std::exchange(detach_, {});
-    if (join_ && std::uncaught_exceptions() == exceptions_) {
-      try {
-        join();
-      } catch (...) {
-        if (detach) detach();
-        throw;
-      }
-    }
-    if (detach) detach();
-  }
+  ~JoinScope() noexcept(false);
 
  private:
   std::function<void()> join_;
@@ -59,3 +44,8 @@ class JoinScope {
 };
 
 }  // namespace accelerate
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/detail/linkage.hpp>
+#include <accelerate/scope/join.ipp>
+#endif

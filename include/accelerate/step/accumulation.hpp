@@ -12,6 +12,7 @@
 #include <accelerate/checkpoint/stateful.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/diagnostics.hpp>
+#include <accelerate/detail/linkage.hpp>
 #include <accelerate/gradient_state.hpp>
 #include <accelerate/options.hpp>
 #include <accelerate/policy/accumulation.hpp>
@@ -82,42 +83,15 @@ class AccumulationWindow {
   std::size_t step() const noexcept { return step_; }
   bool sync() const noexcept { return sync_; }
 
-  void advance(const GradientState& loaders, bool sync_with_dataloader) {
-    // Outside every prepared loop the loader state says nothing, so the window is N long.
-    if (sync_ && loss_divisor_ == LossDivisor::window_length) {
-      // A new window: divide by its real length when the dataloader ends it early, so the
-      // gradient is the window's mean (Accelerate always divides by N: LossDivisor::num_steps).
-      const std::size_t remaining = sync_with_dataloader ? loaders.remaining() : 0;
-      divisor_ = static_cast<double>(remaining > 0 ? std::min(steps_, remaining) : steps_);
-    }
-    if (sync_with_dataloader && loaders.end_of_dataloader()) {
-      step_ = 0;
-      sync_ = true;
-    } else {
-      ++step_;
-      sync_ = step_ % steps_ == 0;
-    }
-  }
+  void advance(const GradientState& loaders, bool sync_with_dataloader);
 
   at::Tensor divide(const at::Tensor& loss) const { return loss / divisor_; }
 
   /// Back to the start of a window, as a new accelerator (free_memory()).
-  void reset() noexcept {
-    step_ = 0;
-    sync_ = true;
-    divisor_ = static_cast<double>(steps_);
-  }
+  void reset() noexcept;
 
-  StateDict state_dict() const {
-    StateDict s;
-    s.values = {{"step", step_}, {"sync_gradients", sync_}, {"divisor", divisor_}};
-    return s;
-  }
-  void load_state_dict(const StateDict& s) {
-    step_ = s.value<std::size_t>("step");
-    sync_ = s.value<bool>("sync_gradients");
-    divisor_ = s.value<double>("divisor");
-  }
+  StateDict state_dict() const;
+  void load_state_dict(const StateDict& s);
 
  protected:
   explicit AccumulationWindow(std::size_t steps, LossDivisor loss_divisor = LossDivisor::window_length)
@@ -157,3 +131,7 @@ class AccumulationStep<AccumulateDynamic> : public AccumulationWindow {
 };
 
 }  // namespace accelerate::step
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/step/accumulation.ipp>
+#endif

@@ -21,18 +21,8 @@ class JsonlTracker {
  public:
   explicit JsonlTracker(std::filesystem::path dir) : dir_(std::move(dir)) {}
   std::string name() const { return "jsonl"; }
-  void start(const std::string& project, const nlohmann::json& config) {
-    const auto folder = dir_ / project;
-    std::filesystem::create_directories(folder);
-    std::ofstream(folder / "config.json") << config.dump(2) << '\n';
-    out_.open(folder / "metrics.jsonl", std::ios::app);
-    ACCELERATE_CHECK(out_.good(), "JsonlTracker: cannot write ", (folder / "metrics.jsonl").string());
-  }
-  void log(const Metrics& values, std::int64_t step) {
-    nlohmann::json line = values;
-    line["step"] = step;
-    out_ << line.dump() << '\n' << std::flush;
-  }
+  void start(const std::string& project, const nlohmann::json& config);
+  void log(const Metrics& values, std::int64_t step);
   void finish() { out_.close(); }
 
  private:
@@ -41,3 +31,8 @@ class JsonlTracker {
 };
 
 }  // namespace accelerate
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/detail/linkage.hpp>
+#include <accelerate/track/jsonl.ipp>
+#endif

@@ -11,9 +11,17 @@
 #include <vector>
 
 #include <c10/core/Device.h>
-#include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/linkage.hpp>
+
+// Declared only: the profiler's header is included by profile.ipp, which uses it, so that a
+// trainer compiled with ACCELERATE_SEPARATE_COMPILATION does not parse it (bench/README.md,
+// "Compile cost of a trainer").
+namespace torch::autograd::profiler {
+struct KinetoEvent;
+struct ProfilerResult;
+}  // namespace torch::autograd::profiler
 
 namespace accelerate {
 
@@ -48,57 +56,20 @@ struct ProfileOptions {
 ///   }  // traces/profile_<rank>.json
 class ProfileScope {
  public:
-  ProfileScope(const ProfileOptions& options, int rank, const c10::Device& device)
-      : options_(options), rank_(rank) {
-    namespace impl = torch::profiler::impl;
-    ACCELERATE_CHECK(!impl::profilerEnabled(), "profile: LibTorch's profiler is already running in this "
-                     "process (a profile() scope or torch::autograd::profiler call is still open); one "
-                     "profiler runs at a time");
-    std::set<impl::ActivityType> activities{impl::ActivityType::CPU};
-    if (options.cuda && device.is_cuda()) activities.insert(impl::ActivityType::CUDA);
-    const impl::ProfilerConfig config(impl::ProfilerState::KINETO, options.record_shapes, options.profile_memory,
-                                      options.with_stack, options.with_flops);
-    torch::autograd::profiler::prepareProfiler(config, activities);
-    torch::autograd::profiler::enableProfiler(config, activities);
-    running_ = true;
-  }
+  ProfileScope(const ProfileOptions& options, int rank, const c10::Device& device);
   ProfileScope(const ProfileScope&) = delete;
   ProfileScope& operator=(const ProfileScope&) = delete;
 
-  ~ProfileScope() {
-    if (!running_) return;
-    try {
-      finish();
-    } catch (const std::exception& e) {
-      std::cerr << "accelerate: profile: " << e.what() << std::endl;
-    }
-  }
+  ~ProfileScope();
 
   /// Stops the profiler and writes the trace (staged, then renamed into place, so a reader
   /// never sees half of one); returns its path, empty without an output_trace_dir. Once.
-  std::filesystem::path finish() {
-    ACCELERATE_CHECK(running_, "profile: finish() was already called for this scope");
-    running_ = false;
-    result_ = torch::autograd::profiler::disableProfiler();
-    if (options_.output_trace_dir.empty()) return {};
-    std::error_code error;
-    std::filesystem::create_directories(options_.output_trace_dir, error);
-    ACCELERATE_CHECK(!error, "profile: cannot create the trace folder ", options_.output_trace_dir.string(),
-                     ": ", error.message());
-    const auto path = options_.output_trace_dir / ("profile_" + std::to_string(rank_) + ".json");
-    const auto staged = std::filesystem::path(path.string() + ".partial");
-    result_->save(staged.string());
-    std::filesystem::rename(staged, path, error);
-    ACCELERATE_CHECK(!error, "profile: cannot write ", path.string(), ": ", error.message());
-    std::cerr << "accelerate: rank " << rank_ << " wrote its profile trace to " << path.string() << std::endl;
-    return path;
-  }
+  std::filesystem::path finish();
 
   /// The recorded events (operator name, thread, start and duration...), after finish().
-  const std::vector<torch::autograd::profiler::KinetoEvent>& events() const {
-    ACCELERATE_CHECK(result_ != nullptr, "profile: events() is available after finish()");
-    return result_->events();
-  }
+  /// Reading them takes <torch/csrc/autograd/profiler_kineto.h>, which this header includes
+  /// only when header-only.
+  const std::vector<torch::autograd::profiler::KinetoEvent>& events() const;
 
  private:
   ProfileOptions options_;
@@ -108,3 +79,7 @@ class ProfileScope {
 };
 
 }  // namespace accelerate
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/track/profile.ipp>
+#endif

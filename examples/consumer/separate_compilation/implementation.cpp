@@ -1,0 +1,2 @@
+// The one source file of the program that compiles the library's bodies.
+#include <accelerate/implementation.hpp>

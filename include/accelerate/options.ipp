@@ -1,0 +1,44 @@
+// Bodies of options.hpp's type-independent functions (see detail/linkage.hpp).
+#pragma once
+
+#include <accelerate/options.hpp>
+
+namespace accelerate::detail {
+
+ACCELERATE_INLINE void validate(const AcceleratorOptions& o) {
+  ACCELERATE_CHECK(std::isfinite(o.clip.max_norm) && o.clip.max_norm > 0,
+                   "AcceleratorOptions::clip.max_norm must be a positive number, got ", o.clip.max_norm);
+  ACCELERATE_CHECK(std::isfinite(o.clip.clip_value) && o.clip.clip_value > 0,
+                   "AcceleratorOptions::clip.clip_value must be a positive number, got ", o.clip.clip_value);
+  ACCELERATE_CHECK(o.process_group.timeout.count() > 0,
+                   "AcceleratorOptions::process_group.timeout must be positive, got ",
+                   o.process_group.timeout.count(), " ms");
+  ACCELERATE_CHECK(o.ddp.bucket_cap_bytes > 0 && o.ddp.first_bucket_cap_bytes > 0,
+                   "AcceleratorOptions::ddp.bucket_cap_bytes and ddp.first_bucket_cap_bytes must be > 0");
+  ACCELERATE_CHECK(o.ddp.power_sgd.rank >= 1, "AcceleratorOptions::ddp.power_sgd.rank must be >= 1, got ",
+                   o.ddp.power_sgd.rank);
+  ACCELERATE_CHECK(std::isfinite(o.ddp.power_sgd.min_compression_rate) && o.ddp.power_sgd.min_compression_rate > 0,
+                   "AcceleratorOptions::ddp.power_sgd.min_compression_rate must be a positive number, got ",
+                   o.ddp.power_sgd.min_compression_rate);
+  const auto& s = o.precision.grad_scaler;
+  ACCELERATE_CHECK(s.init_scale > 0 && std::isfinite(s.init_scale),
+                   "AcceleratorOptions::precision.grad_scaler.init_scale must be positive, got ", s.init_scale);
+  ACCELERATE_CHECK(s.growth_factor > 1.0,
+                   "AcceleratorOptions::precision.grad_scaler.growth_factor must be > 1, got ", s.growth_factor);
+  ACCELERATE_CHECK(s.backoff_factor > 0.0 && s.backoff_factor < 1.0,
+                   "AcceleratorOptions::precision.grad_scaler.backoff_factor must be in (0, 1), got ",
+                   s.backoff_factor);
+  ACCELERATE_CHECK(s.growth_interval > 0,
+                   "AcceleratorOptions::precision.grad_scaler.growth_interval must be > 0, got ",
+                   s.growth_interval);
+  ACCELERATE_CHECK(!o.project.automatic_checkpoint_naming || !o.project.project_dir.empty(),
+                   "AcceleratorOptions::project.automatic_checkpoint_naming needs project.project_dir");
+  ACCELERATE_CHECK(!o.project.total_limit || *o.project.total_limit > 0,
+                   "AcceleratorOptions::project.total_limit must be > 0 when set");
+  for (const auto& name : o.tracking.log_with)
+    ACCELERATE_CHECK(name == "jsonl" || name == "csv" || name == "tensorboard" || name == "all",
+                     "AcceleratorOptions::tracking.log_with: unknown tracker '", name,
+                     "'; valid: jsonl, csv, tensorboard, all (add your own with add_tracker)");
+}
+
+}  // namespace accelerate::detail
