@@ -169,8 +169,7 @@ ACCELERATE_INLINE InFlight Communicator::start(compat::WorkPtr work) {
 
 ACCELERATE_INLINE InFlight Communicator::start_reduce_scatter(
     at::Tensor& input, at::Tensor& output, Reduction reduction) {
-  if (all_to_all_reduce_scatter_ && reduction == Reduction::sum && input.scalar_type() != at::kBool &&
-      backend_->getBackendName() == "gloo") {
+  if (reduction == Reduction::sum && input.scalar_type() != at::kBool && sums_in_rank_order()) {
     at::Tensor received = at::empty_like(input, at::MemoryFormat::Contiguous);
     std::vector<int64_t> equal_splits;
     InFlight work = start(backend_->alltoall_base(received, input, equal_splits, equal_splits));
