@@ -23,7 +23,7 @@ echo "== bench_checkpoint"
   --benchmark_out="$out/bench_checkpoint.json" > /dev/null
 echo "== instruction counts"
 bench/instructions.sh "$build" 200 | tee "$out/instructions.txt"
-echo "== compile cost of a trainer: <torch/torch.h> alone vs the umbrella header"
+echo "== compile cost of a trainer: <torch/torch.h> alone vs the umbrella header, header-only and separately compiled"
 bench/compile/measure.py 3 --out "$out/compile.json"
 echo "== data parallel against ZeRO stages 1, 2 and 3 (memory, bytes, step time)"
 bench/zero.sh "$build" 2 | tee "$out/zero.txt"

@@ -3,7 +3,10 @@
 and through <accelerate/accelerate.hpp> (accelerate_trainer.cpp), compiled alternately, round
 after round, with a user's flags (-O2, no precompiled header, no ccache); a third side is the
 plain loop with the umbrella header included but unused (what the headers alone cost, the floor
-of any trainer that includes them). Prints one JSON object:
+of any trainer that includes them); a fourth compiles the accelerate trainer with
+ACCELERATE_SEPARATE_COMPILATION (the library's type-independent bodies left to one other
+translation unit per program, whose cost is reported once), and a fifth includes the umbrella
+unused in that mode. Prints one JSON object:
 wall seconds and peak resident memory (MiB) per side and round, the ratios per round, the front
 end's share (the same compile with -fsyntax-only: parsing and template instantiation, no code
 generation), the object code each side emits, and where the accelerate side's extra code comes
@@ -95,9 +98,15 @@ def main():
         flags += ["-isystem", "/usr/local/cuda/include"]
     plain = os.path.join(HERE, "plain_torch_trainer.cpp")
     # side -> (source, extra flags)
+    trainer = os.path.join(HERE, "accelerate_trainer.cpp")
+    separate = ["-DACCELERATE_SEPARATE_COMPILATION"]
     sides = {"plain": (plain, []),
              "included": (plain, ["-include", "accelerate/accelerate.hpp"]),
-             "accelerate": (os.path.join(HERE, "accelerate_trainer.cpp"), [])}
+             "accelerate": (trainer, []),
+             # the same trainer with the library's type-independent bodies compiled elsewhere
+             # (accelerate::separate_compilation): what each of a program's translation units costs
+             "separate": (trainer, separate),
+             "separate_included": (plain, ["-include", "accelerate/accelerate.hpp"] + separate)}
     rounds = []
     scratch = tempfile.TemporaryDirectory()
     objects = {side: os.path.join(scratch.name, side + ".o") for side in sides}
@@ -114,13 +123,31 @@ def main():
                   f"{code / 1024:.0f} KiB of code", file=sys.stderr)
         row["wall_ratio"] = round(row["accelerate"]["seconds"] / row["plain"]["seconds"], 3)
         row["included_wall_ratio"] = round(row["included"]["seconds"] / row["plain"]["seconds"], 3)
+        row["separate_wall_ratio"] = round(row["separate"]["seconds"] / row["plain"]["seconds"], 3)
+        row["separate_included_wall_ratio"] = round(
+            row["separate_included"]["seconds"] / row["plain"]["seconds"], 3)
         row["memory_ratio"] = round(row["accelerate"]["peak_mib"] / row["plain"]["peak_mib"], 3)
         rounds.append(row)
+    # The separately compiled bodies: one translation unit per program, rebuilt only when the
+    # library changes (compiled once, after the rounds).
+    with tempfile.TemporaryDirectory() as tmp:
+        implementation = os.path.join(tmp, "implementation.cpp")
+        with open(implementation, "w") as f:
+            f.write("#include <accelerate/implementation.hpp>\n")
+        wall, rss, code, _ = compile_once(args.cxx, implementation, flags + separate)
+        implementation_tu = {"seconds": round(wall, 2), "peak_mib": round(rss, 1), "code_bytes": code}
+        print(f"implementation.hpp, once per program: {wall:.1f} s, {rss:.0f} MiB", file=sys.stderr)
     plain_symbols = symbol_sizes(objects["plain"])
-    extra = {}
-    for symbol, size in symbol_sizes(objects["accelerate"]).items():
-        if symbol not in plain_symbols:
-            extra[origin(symbol)] = extra.get(origin(symbol), 0) + size
+    def extra_code(side):
+        """Bytes of the side's code symbols that the plain side lacks, by origin."""
+        extra = {}
+        for symbol, size in symbol_sizes(objects[side]).items():
+            if symbol not in plain_symbols:
+                extra[origin(symbol)] = extra.get(origin(symbol), 0) + size
+        return extra
+
+    extra = extra_code("accelerate")
+    separate_extra = extra_code("separate")
     summary = {
         "compiler": subprocess.run([args.cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[0],
         "flags": "-std=c++20 -O2 -DNDEBUG (no precompiled header, no ccache)",
@@ -132,7 +159,18 @@ def main():
             r["included"]["front_end_seconds"] / r["plain"]["front_end_seconds"] for r in rounds),
         "front_end_ratio_median": statistics.median(
             r["accelerate"]["front_end_seconds"] / r["plain"]["front_end_seconds"] for r in rounds),
+        "separate_wall_ratio_median": statistics.median(r["separate_wall_ratio"] for r in rounds),
+        "separate_included_wall_ratio_median": statistics.median(
+            r["separate_included_wall_ratio"] for r in rounds),
+        "separate_included_front_end_ratio_median": statistics.median(
+            r["separate_included"]["front_end_seconds"] / r["plain"]["front_end_seconds"] for r in rounds),
+        "separate_memory_ratio_median": statistics.median(
+            r["separate"]["peak_mib"] / r["plain"]["peak_mib"] for r in rounds),
+        "separate_front_end_ratio_median": statistics.median(
+            r["separate"]["front_end_seconds"] / r["plain"]["front_end_seconds"] for r in rounds),
+        "implementation_translation_unit": implementation_tu,
         "extra_code_bytes_by_origin": dict(sorted(extra.items(), key=lambda item: -item[1])),
+        "separate_extra_code_bytes_by_origin": dict(sorted(separate_extra.items(), key=lambda item: -item[1])),
     }
     text = json.dumps(summary, indent=2)
     if args.out:
