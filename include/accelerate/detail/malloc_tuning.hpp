@@ -15,6 +15,7 @@
 #pragma once
 
 #include <accelerate/compat/torch.hpp>
+#include <accelerate/detail/linkage.hpp>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -41,6 +42,5 @@ struct CpuMemorySettings {
 }  // namespace accelerate::detail
 
 #if !defined(ACCELERATE_SEPARATE_COMPILATION)
-#include <accelerate/detail/linkage.hpp>
 #include <accelerate/detail/malloc_tuning.ipp>
 #endif

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/linkage.hpp>
 
 namespace accelerate::distributed {
 
@@ -57,6 +58,5 @@ void check_layouts(const std::vector<TensorLayout>& layouts, std::int64_t free_d
 }  // namespace accelerate::distributed
 
 #if !defined(ACCELERATE_SEPARATE_COMPILATION)
-#include <accelerate/detail/linkage.hpp>
 #include <accelerate/distributed/layout_check.ipp>
 #endif

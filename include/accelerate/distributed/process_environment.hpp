@@ -9,6 +9,7 @@
 
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/env.hpp>
+#include <accelerate/detail/linkage.hpp>
 
 namespace accelerate::distributed {
 
@@ -50,6 +51,5 @@ ProcessEnvironment detect_environment();
 }  // namespace accelerate::distributed
 
 #if !defined(ACCELERATE_SEPARATE_COMPILATION)
-#include <accelerate/detail/linkage.hpp>
 #include <accelerate/distributed/process_environment.ipp>
 #endif

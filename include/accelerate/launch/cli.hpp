@@ -11,6 +11,7 @@
 
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/env.hpp>
+#include <accelerate/detail/linkage.hpp>
 
 namespace accelerate {
 
@@ -49,6 +50,5 @@ LaunchOptions parse_launch_args(int& argc, char** argv);
 }  // namespace accelerate
 
 #if !defined(ACCELERATE_SEPARATE_COMPILATION)
-#include <accelerate/detail/linkage.hpp>
 #include <accelerate/launch/cli.ipp>
 #endif

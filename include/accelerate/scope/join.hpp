@@ -6,6 +6,8 @@
 #include <functional>
 #include <utility>
 
+#include <accelerate/detail/linkage.hpp>
+
 namespace accelerate {
 
 /// While it lives, the prepared models it was made for announce each forward to ranks that
@@ -46,6 +48,5 @@ class JoinScope {
 }  // namespace accelerate
 
 #if !defined(ACCELERATE_SEPARATE_COMPILATION)
-#include <accelerate/detail/linkage.hpp>
 #include <accelerate/scope/join.ipp>
 #endif

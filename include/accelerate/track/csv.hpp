@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/linkage.hpp>
 #include <accelerate/track/tracker.hpp>
 
 namespace accelerate {
@@ -32,6 +33,5 @@ class CsvTracker {
 }  // namespace accelerate
 
 #if !defined(ACCELERATE_SEPARATE_COMPILATION)
-#include <accelerate/detail/linkage.hpp>
 #include <accelerate/track/csv.ipp>
 #endif

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/linkage.hpp>
 #include <accelerate/track/tracker.hpp>
 
 namespace accelerate {
@@ -33,6 +34,5 @@ class JsonlTracker {
 }  // namespace accelerate
 
 #if !defined(ACCELERATE_SEPARATE_COMPILATION)
-#include <accelerate/detail/linkage.hpp>
 #include <accelerate/track/jsonl.ipp>
 #endif
