@@ -45,10 +45,6 @@ LoadReport load_named_tensors(torch::nn::Module& module,
                               const std::map<std::string, at::Tensor>& state,
                               const std::string& source, bool strict = true);
 
-LoadReport check_named_tensors(const torch::nn::Module& module,
-                               const std::map<std::string, at::Tensor>& state,
-                               const std::string& source, bool strict);
-
 }  // namespace accelerate::checkpoint
 
 #if !defined(ACCELERATE_SEPARATE_COMPILATION)
