@@ -73,6 +73,12 @@ def origin(symbol):
     return "std, LibTorch and the rest"
 
 
+# The key prefix of each side's ratios to the plain side in the output ("wall_ratio" is the
+# header-only trainer's).
+RATIO_PREFIX = {"accelerate": "", "included": "included_", "separate": "separate_",
+                "separate_included": "separate_included_"}
+
+
 def compile_once(cxx, source, flags, keep=None):
     """Compiles `source` to an object file (kept at `keep` if given); returns (wall seconds,
     peak RSS in MiB, code bytes), then its -fsyntax-only wall seconds."""
@@ -121,11 +127,8 @@ def main():
                          "front_end_seconds": round(front, 2)}
             print(f"round {r + 1} {side}: {wall:.1f} s ({front:.1f} s front end), {rss:.0f} MiB, "
                   f"{code / 1024:.0f} KiB of code", file=sys.stderr)
-        row["wall_ratio"] = round(row["accelerate"]["seconds"] / row["plain"]["seconds"], 3)
-        row["included_wall_ratio"] = round(row["included"]["seconds"] / row["plain"]["seconds"], 3)
-        row["separate_wall_ratio"] = round(row["separate"]["seconds"] / row["plain"]["seconds"], 3)
-        row["separate_included_wall_ratio"] = round(
-            row["separate_included"]["seconds"] / row["plain"]["seconds"], 3)
+        for side, prefix in RATIO_PREFIX.items():
+            row[prefix + "wall_ratio"] = round(row[side]["seconds"] / row["plain"]["seconds"], 3)
         row["memory_ratio"] = round(row["accelerate"]["peak_mib"] / row["plain"]["peak_mib"], 3)
         rounds.append(row)
     # The separately compiled bodies: one translation unit per program, rebuilt only when the
@@ -148,26 +151,21 @@ def main():
 
     extra = extra_code("accelerate")
     separate_extra = extra_code("separate")
+    def median_ratio(side, measure):
+        """Median over the rounds of the side's `measure` against the plain side's."""
+        return statistics.median(r[side][measure] / r["plain"][measure] for r in rounds)
+
     summary = {
         "compiler": subprocess.run([args.cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[0],
         "flags": "-std=c++20 -O2 -DNDEBUG (no precompiled header, no ccache)",
         "rounds": rounds,
-        "wall_ratio_median": statistics.median(r["wall_ratio"] for r in rounds),
         "memory_ratio_median": statistics.median(r["memory_ratio"] for r in rounds),
-        "included_wall_ratio_median": statistics.median(r["included_wall_ratio"] for r in rounds),
-        "included_front_end_ratio_median": statistics.median(
-            r["included"]["front_end_seconds"] / r["plain"]["front_end_seconds"] for r in rounds),
-        "front_end_ratio_median": statistics.median(
-            r["accelerate"]["front_end_seconds"] / r["plain"]["front_end_seconds"] for r in rounds),
-        "separate_wall_ratio_median": statistics.median(r["separate_wall_ratio"] for r in rounds),
-        "separate_included_wall_ratio_median": statistics.median(
-            r["separate_included_wall_ratio"] for r in rounds),
-        "separate_included_front_end_ratio_median": statistics.median(
-            r["separate_included"]["front_end_seconds"] / r["plain"]["front_end_seconds"] for r in rounds),
-        "separate_memory_ratio_median": statistics.median(
-            r["separate"]["peak_mib"] / r["plain"]["peak_mib"] for r in rounds),
-        "separate_front_end_ratio_median": statistics.median(
-            r["separate"]["front_end_seconds"] / r["plain"]["front_end_seconds"] for r in rounds),
+        "separate_memory_ratio_median": median_ratio("separate", "peak_mib"),
+    }
+    for side, prefix in RATIO_PREFIX.items():
+        summary[prefix + "wall_ratio_median"] = statistics.median(r[prefix + "wall_ratio"] for r in rounds)
+        summary[prefix + "front_end_ratio_median"] = median_ratio(side, "front_end_seconds")
+    summary |= {
         "implementation_translation_unit": implementation_tu,
         "extra_code_bytes_by_origin": dict(sorted(extra.items(), key=lambda item: -item[1])),
         "separate_extra_code_bytes_by_origin": dict(sorted(separate_extra.items(), key=lambda item: -item[1])),
