@@ -94,55 +94,32 @@ struct GlooFactory {
                                    const AcceleratorOptions& options);
 };
 
-/// The engine of a distributed Backend policy. `Factory` makes its c10d backend and picks the
-/// device. Started without launcher variables it is a one-process job: rank 0 of 1, no group.
-template <class Factory>
-class ProcessGroupEngine {
+/// How a distributed engine reaches its transport: the device its collectives use and the
+/// c10d backend it creates (GlooFactory, NcclFactory).
+struct ProcessGroupTransport {
+  c10::Device (*device)(const ProcessEnvironment&, const AcceleratorOptions&);
+  compat::BackendPtr (*create)(compat::StorePtr, const ProcessEnvironment&, const AcceleratorOptions&);
+};
+
+/// Everything ProcessGroupEngine does, for any transport: one class, not a template, so a
+/// trainer's translation unit does not generate its code again for the chosen transport (in
+/// the separately compiled mode its bodies are compiled once, with the library's).
+class ProcessGroupCore {
  public:
   static constexpr bool distributed = true;
   using ModelSync = ReducerHandle;
 
-  ProcessGroupEngine(const AcceleratorOptions& options, std::string_view fingerprint)
-      : env_(detect_environment()), timeout_(options.process_group.timeout), collective_device_(Factory::device(env_, options)) {
-    if (!env_.launched()) return;
-    const bool verify = options.process_group.verify_collectives || debug_mode_from_environment();
-    std::ostringstream description;
-    // verify_collectives is compared here but not in the checkpoint's fingerprint: a debugging
-    // run may resume a normal one; a rank verifying among ranks that do not would pair its
-    // descriptions with their payloads.
-    description << fingerprint << " world_size=" << env_.world_size << " process_group.verify_collectives=" << verify;
-    // Stage 3's prefetch changes the order of its collectives, not what a checkpoint holds.
-    if (!options.ddp.prefetch_units) description << " ddp.prefetch_units=0";
-    // Ranks that disagree would pair an all-to-all with an all-reduce.
-    if (!options.process_group.reduce_scatter_all_to_all) description << " process_group.reduce_scatter_all_to_all=0";
-    // One store per process, kept for its lifetime: a later Accelerator in the same program
-    // (ranks create them in the same order) rendezvous under its own key prefix instead of
-    // racing a peer's not-yet-closed server on the same port.
-    const auto [store, generation] = process_store(env_, timeout_);
-    store_ = compat::make_prefix_store("accelerate/" + std::to_string(generation), store);
-    rendezvous_in(*store_, env_, timeout_, description.str());
-    auto backend = Factory::create(compat::make_prefix_store("pg", store_), env_, options);
-    comm_ = std::make_shared<Communicator>(std::move(backend), env_.rank, env_.world_size);
-    if (verify) comm_->verify_collectives(Factory::device(env_, options));
-    comm_->use_all_to_all_reduce_scatter(options.process_group.reduce_scatter_all_to_all);
-    if (env_.world_size > 1) {
-      heartbeat_ = std::make_shared<Heartbeat>(env_, "accelerate/" + std::to_string(generation));
-      comm_->set_diagnosis([heartbeat = std::weak_ptr<Heartbeat>(heartbeat_)] {
-        const auto alive = heartbeat.lock();
-        return alive ? alive->diagnose() : std::string("a peer exited or timed out");
-      });
-    }
-    // Nobody leaves start-up (and may exit, taking rank 0's store with it) before all are in.
-    wait_for_all(*store_, "ready", env_, "1", timeout_, "process group");
-    check_claims(*store_, env_);  // a duplicate RANK that came after the others joined
-  }
+  /// Started without launcher variables it is a one-process job: rank 0 of 1, no group.
+  /// Otherwise: rendezvous (every rank must pass the same `fingerprint`), then the
+  /// transport's process group.
+  ProcessGroupCore(const AcceleratorOptions& options, std::string_view fingerprint, ProcessGroupTransport transport);
 
   int rank() const noexcept { return env_.rank; }
   int world_size() const noexcept { return env_.world_size; }
   int local_rank() const noexcept { return env_.local_rank; }
   int local_world_size() const noexcept { return env_.local_world_size; }
   const ProcessEnvironment& environment() const noexcept { return env_; }
-  c10::Device device(const AcceleratorOptions& options) const { return Factory::device(env_, options); }
+  c10::Device device(const AcceleratorOptions& options) const { return transport_.device(env_, options); }
   c10::Device collective_device() const noexcept { return collective_device_; }
 
   void barrier() {
@@ -154,25 +131,14 @@ class ProcessGroupEngine {
   void broadcast(at::Tensor& tensor, int root) {
     if (comm_) comm_->broadcast(tensor, root);
   }
-  std::vector<at::Tensor> all_gather(const at::Tensor& tensor) {
-    if (!comm_) return {tensor};
-    return comm_->all_gather(tensor);
-  }
-  at::Tensor reduce_scatter(const at::Tensor& tensor, Reduction reduction) {
-    if (!comm_) return tensor.clone();
-    return comm_->reduce_scatter(tensor, reduction);
-  }
+  std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
+  at::Tensor reduce_scatter(const at::Tensor& tensor, Reduction reduction);
   CommStats stats() const { return comm_ ? comm_->stats() : CommStats{}; }
 
   /// Every rank must pass the same `value` under `key` (what a prepared object looks like);
   /// a difference is an error on each rank naming both ranks and the first difference,
   /// before any collective could mismatch.
-  void check_same_on_every_rank(const std::string& key, const std::string& value, const std::string& subject) {
-    if (!store_) return;
-    const std::string prefix = next_check_key(key);
-    wait_for_all(*store_, prefix, env_, value, timeout_, "prepare check");
-    check_same_everywhere(*store_, prefix, env_, value, subject);
-  }
+  void check_same_on_every_rank(const std::string& key, const std::string& value, const std::string& subject);
 
   /// The rendezvous store (null for a one-process job).
   c10d::Store* store() const noexcept { return store_.get(); }
@@ -182,25 +148,7 @@ class ProcessGroupEngine {
   /// Accelerator::join_uneven_inputs for these models: attaches a JoinContext to their
   /// reducers for the scope's life; once every rank has run out, `adopt(root)` runs on every
   /// rank with the rank the models were synchronised from. Empty for a one-process job.
-  JoinScope join_uneven_inputs(const std::vector<ReducerHandle*>& models, std::function<void(int)> adopt = {}) {
-    if (!comm_) return {};
-    std::vector<JoinContext::Member> members;
-    for (const ReducerHandle* model : models) {
-      ACCELERATE_CHECK(model->shared_reducer() != nullptr, "join_uneven_inputs: a model has no gradient reducer");
-      ACCELERATE_CHECK(!model->shared_reducer()->join(), "join_uneven_inputs: a model is already inside a join "
-                       "scope (scopes do not nest)");
-      members.push_back({model->shared_reducer(), model->broadcast_buffers()});
-    }
-    auto context = std::make_shared<JoinContext>(comm_, std::move(members), collective_device_);
-    for (std::size_t m = 0; m < context->members().size(); ++m) context->members()[m].reducer->set_join(context, m);
-    return JoinScope([context, adopt = std::move(adopt)] {
-                       const int root = context->join();
-                       if (adopt) adopt(root);
-                     },
-                     [context] {
-                       for (const auto& member : context->members()) member.reducer->set_join(nullptr, 0);
-                     });
-  }
+  JoinScope join_uneven_inputs(const std::vector<ReducerHandle*>& models, std::function<void(int)> adopt = {});
 
   /// Checks the model is the same on every rank, broadcasts rank 0's parameters (and
   /// buffers), and builds its reducer.
@@ -215,53 +163,21 @@ class ProcessGroupEngine {
   ReducerHandle make_model_sync(torch::nn::Module& module, const std::string& name,
                                 const AcceleratorOptions& options, Sharding sharding,
                                 std::vector<std::string> units = {},
-                                std::unordered_map<const c10::TensorImpl*, BuiltSlice> built = {}) {
-    if (!comm_) return {};
-    check_same_model(module, name);
-    broadcast_state(module, options.ddp.broadcast_buffers);  // (a parameter cut as built is empty)
-    std::vector<std::pair<std::string, at::Tensor>> params;
-    for (auto& item : module.named_parameters(true)) params.emplace_back(item.key(), item.value());
-    ReducerOptions reducer_options = ReducerOptions::from(options.ddp, sharding);
-    reducer_options.units = std::move(units);
-    reducer_options.built = std::move(built);
-    auto reducer = std::make_shared<GradientReducer>(std::move(params), comm_, std::move(reducer_options));
-    reducer->install_hooks();
-    std::vector<at::Tensor> buffers;
-    if (options.ddp.broadcast_buffers)
-      for (auto& b : module.buffers(true)) buffers.push_back(b);
-    return ReducerHandle(std::move(reducer), std::move(buffers), comm_);
-  }
+                                std::unordered_map<const c10::TensorImpl*, BuiltSlice> built = {});
 
   /// Fails on every rank unless `module` has the same tensor names, dtypes and shapes on all;
   /// the error starts "<caller>: <name> must have".
-  void check_same_model(torch::nn::Module& module, const std::string& name, const std::string& caller = "prepare") {
-    std::ostringstream shapes;
-    for (const auto& [key, tensor] : checkpoint::named_tensors(module)) {
-      shapes << key << ":" << tensor.scalar_type() << "[";
-      for (int64_t d = 0; d < tensor.dim(); ++d) shapes << (d ? "," : "") << tensor.size(d);
-      shapes << "] ";  // one field per tensor: no spaces inside
-    }
-    const std::string mine = shapes.str();
-    const std::string prefix = next_check_key("model/" + name);
-    wait_for_all(*store_, prefix, env_, mine, timeout_, "model check");
-    check_same_everywhere(*store_, prefix, env_, mine,
-                          caller + ": " + name + " must have the same parameter names, dtypes and "
-                          "shapes on every rank");
-  }
+  void check_same_model(torch::nn::Module& module, const std::string& name, const std::string& caller = "prepare");
 
  private:
-  void broadcast_state(torch::nn::Module& module, bool with_buffers) {
-    std::vector<at::Tensor> tensors = module.parameters(true);
-    if (with_buffers)
-      for (auto& b : module.buffers(true)) tensors.push_back(b);
-    broadcast_flat(*comm_, tensors, 0);
-  }
+  void broadcast_state(torch::nn::Module& module, bool with_buffers);
 
   // `key` made unique by the number of store checks before it, the same on every rank (each
   // makes the same checks in the same order). Names alone repeat: after free_memory() the
   // next model is model_0 again, and a rank could read the other's answer for the old one.
   std::string next_check_key(const std::string& key) { return key + "#" + std::to_string(store_checks_++); }
 
+  ProcessGroupTransport transport_;
   ProcessEnvironment env_;
   std::size_t store_checks_ = 0;
   std::chrono::milliseconds timeout_;
@@ -269,6 +185,15 @@ class ProcessGroupEngine {
   compat::StorePtr store_;
   std::shared_ptr<Heartbeat> heartbeat_;
   std::shared_ptr<Communicator> comm_;
+};
+
+/// The engine of a distributed Backend policy: ProcessGroupCore over the transport `Factory`
+/// names (its static device() and create(), as GlooFactory's).
+template <class Factory>
+class ProcessGroupEngine : public ProcessGroupCore {
+ public:
+  ProcessGroupEngine(const AcceleratorOptions& options, std::string_view fingerprint)
+      : ProcessGroupCore(options, fingerprint, ProcessGroupTransport{&Factory::device, &Factory::create}) {}
 };
 
 }  // namespace accelerate::distributed
