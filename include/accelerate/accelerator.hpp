@@ -41,6 +41,7 @@
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/diagnostics.hpp>
 #include <accelerate/detail/env.hpp>
+#include <accelerate/detail/linkage.hpp>
 #include <accelerate/detail/malloc_tuning.hpp>
 #include <accelerate/detail/type_name.hpp>
 #include <accelerate/distributed/collectives.hpp>
@@ -72,6 +73,20 @@
 #include <accelerate/track/profile.hpp>
 #include <accelerate/track/tensorboard.hpp>
 #include <accelerate/track/tracker.hpp>
+
+namespace accelerate::detail {
+
+/// Accelerator::backward's check_finite_loss: returns when every element of `loss` is finite,
+/// else throws naming the value, the backward call (`call`, counted from the Accelerator's
+/// creation), the accumulation micro-step if any, and the rank.
+void refuse_nonfinite_loss(const at::Tensor& loss, std::uint64_t call, std::optional<std::size_t> micro_step,
+                           int rank, int world_size);
+
+/// A seed drawn from torch's default CPU generator, in [0, 2^63) (the range a broadcast
+/// int64 tensor carries).
+std::uint64_t draw_random_seed();
+
+}  // namespace accelerate::detail
 
 namespace accelerate {
 
@@ -831,33 +846,7 @@ class Accelerator {
   /// A description of the compile-time configuration and the options every rank must share,
   /// compared across ranks at start-up.
   static std::string fingerprint(const AcceleratorOptions& o) {
-    std::ostringstream out;
-    out << detail::describe_slots(policies{})
-        << " accumulation.num_steps=" << o.accumulation.num_steps
-        << " accumulation.sync_with_dataloader=" << o.accumulation.sync_with_dataloader
-        << " clip.max_norm=" << o.clip.max_norm << " clip.clip_value=" << o.clip.clip_value
-        << " ddp.bucket_cap_bytes=" << o.ddp.bucket_cap_bytes
-        << " ddp.first_bucket_cap_bytes=" << o.ddp.first_bucket_cap_bytes
-        << " ddp.find_unused_parameters=" << o.ddp.find_unused_parameters
-        << " data.even_batches=" << o.data.even_batches;
-    if (o.data.split_batches) out << " data.split_batches=1";
-    if (o.data.dispatch_batches) out << " data.dispatch_batches=1";
-    // Options that change which collectives run, only when not the default, so a default
-    // configuration's fingerprint (and its checkpoints') stays what it was.
-    if (!o.ddp.bucket_order_from_arrival) out << " ddp.bucket_order_from_arrival=0";
-    if (!o.ddp.sum_in_rank_order) out << " ddp.sum_in_rank_order=0";
-    for (std::size_t i = 0; i < o.ddp.shard_units.size(); ++i)
-      out << (i == 0 ? " ddp.shard_units=" : ",") << o.ddp.shard_units[i];
-    if (o.accumulation.sync_each_batch) out << " accumulation.sync_each_batch=1";
-    if (o.accumulation.loss_divisor == LossDivisor::num_steps) out << " accumulation.loss_divisor=num_steps";
-    if (o.ddp.compression != GradientCompression::none) {
-      out << " ddp.compression=" << to_string(o.ddp.compression);
-      if (o.ddp.compression == GradientCompression::power_sgd)
-        out << " ddp.power_sgd.rank=" << o.ddp.power_sgd.rank << " ddp.power_sgd.start_iteration="
-            << o.ddp.power_sgd.start_iteration << " ddp.power_sgd.min_compression_rate="
-            << o.ddp.power_sgd.min_compression_rate;
-    }
-    return out.str();
+    return detail::fingerprint(detail::describe_slots(policies{}), o);
   }
 
   template <class Model>
@@ -995,16 +984,12 @@ class Accelerator {
     if constexpr (distributed) {
       // Ranks whose loaders differ (batch size, length, seed...) would issue different numbers
       // of collectives of different sizes: a hang or an abort inside the transport later.
-      std::string shape;  // space-separated fields, so the error can name the first difference
-      const StateDict state = loader.state_dict();
-      for (const auto& [key, value] : state.values.items()) shape += key + "=" + value.dump() + " ";
-      // (Without even_batches the counts may differ by design.)
+      std::optional<std::size_t> batches;  // (without even_batches the counts may differ by design)
       if constexpr (requires { loader.size(); })
-        if (ctx_.core.options.data.even_batches) shape += " batches_per_rank=" + std::to_string(loader.size());
-      const std::string name = "dataloader_" + std::to_string(count(detail::CheckpointEntry::Kind::dataloader));
-      ctx_.engine.check_same_on_every_rank("prepare/" + name, shape,
-                                       "prepare: " + name + " must have the same batch size, length and "
-                                       "options on every rank");
+        if (ctx_.core.options.data.even_batches) batches = loader.size();
+      const auto check =
+          detail::loader_check(loader.state_dict(), batches, count(detail::CheckpointEntry::Kind::dataloader));
+      ctx_.engine.check_same_on_every_rank(check.key, check.value, check.subject);
     }
     ctx_.core.checkpoint.add(checkpoint::Entry::Kind::dataloader, checkpoint::EntryOwner::main_rank, loader);
     return loader;
@@ -1041,35 +1026,20 @@ class Accelerator {
 
   /// A seed drawn from torch's CPU generator on rank 0 and shared by all ranks.
   std::uint64_t shared_random_seed() {
-    auto generator = at::detail::getDefaultCPUGenerator();
-    std::uint64_t seed;
-    {
-      std::lock_guard<std::mutex> lock(generator.mutex());
-      seed = generator.template get<at::CPUGeneratorImpl>()->random64();
-    }
+    std::uint64_t seed = detail::draw_random_seed();
     if constexpr (distributed) {
-      at::Tensor value = at::tensor({static_cast<int64_t>(seed >> 1)}, at::kLong).to(ctx_.core.device);
+      at::Tensor value = at::tensor({static_cast<int64_t>(seed)}, at::kLong).to(ctx_.core.device);
       ctx_.engine.broadcast(value, 0);  // on the device: NCCL takes no CPU tensors
       seed = static_cast<std::uint64_t>(value.item<int64_t>());
-    } else {
-      seed >>= 1;  // the same range as the distributed path
     }
     return seed;
   }
 
   void refuse_nonfinite_loss(const at::Tensor& loss) {
     const auto call = ++ctx_.core.losses_checked;
-    if (at::isfinite(loss.detach()).all().item<bool>()) return;
-    std::ostringstream where;
-    where << "backward call " << call << " since this Accelerator was created";
-    if constexpr (accumulating) where << " (micro-step " << ctx_.accumulation.step() << " of the accumulation)";
-    const at::Tensor values = loss.detach().flatten();
-    const at::Tensor bad = values.masked_select(at::isfinite(values).logical_not());
-    accelerate::detail::fail("backward: the loss is ", bad[0].item<double>(), " at ", where.str(), " on rank ",
-                             process_index(), " of ", num_processes(),
-                             "; no gradient was computed and no parameter changed "
-                             "(AcceleratorOptions::check_finite_loss). Lower the learning rate or check "
-                             "this step's batch");
+    std::optional<std::size_t> micro_step;
+    if constexpr (accumulating) micro_step = ctx_.accumulation.step();
+    detail::refuse_nonfinite_loss(loss, call, micro_step, process_index(), num_processes());
   }
 
   // First: the process's memory settings apply before the engine allocates anything.
@@ -1078,3 +1048,7 @@ class Accelerator {
 };
 
 }  // namespace accelerate
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/accelerator.ipp>
+#endif

@@ -18,6 +18,7 @@
 #include <accelerate/accelerate.hpp>
 #include <accelerate/distributed/sharded.hpp>
 
+#include <accelerate/accelerator.ipp>
 #include <accelerate/amp/grad_scaler.ipp>
 #include <accelerate/checkpoint/atomic_dir.ipp>
 #include <accelerate/checkpoint/files.ipp>
@@ -28,10 +29,15 @@
 #include <accelerate/checkpoint/safetensors.ipp>
 #include <accelerate/checkpoint/sharding.ipp>
 #include <accelerate/checkpoint/state.ipp>
+#include <accelerate/checkpoint/stateful.ipp>
 #include <accelerate/compat/c10d.ipp>
 #include <accelerate/compat/torch.ipp>
 #include <accelerate/data/batch_layout.ipp>
+#include <accelerate/data/prefetcher.ipp>
 #include <accelerate/data/shard_sampler.ipp>
+#include <accelerate/data/staging.ipp>
+#include <accelerate/data/tensor_dataset.ipp>
+#include <accelerate/detail/check.ipp>
 #include <accelerate/detail/env.ipp>
 #include <accelerate/detail/malloc_tuning.ipp>
 #include <accelerate/distributed/communicator.ipp>
@@ -48,9 +54,13 @@
 #include <accelerate/launch/cli.ipp>
 #include <accelerate/launch/supervisor.ipp>
 #include <accelerate/options.ipp>
+#include <accelerate/policy/slots.ipp>
+#include <accelerate/prepared/dataloader.ipp>
+#include <accelerate/prepared/scheduler.ipp>
 #include <accelerate/presets.ipp>
 #include <accelerate/scope/join.ipp>
 #include <accelerate/step/accumulation.ipp>
+#include <accelerate/step/context.ipp>
 #include <accelerate/track/csv.ipp>
 #include <accelerate/track/jsonl.ipp>
 #include <accelerate/track/profile.ipp>

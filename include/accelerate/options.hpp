@@ -9,6 +9,7 @@
 #include <optional>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <accelerate/checkpoint/project.hpp>
@@ -310,6 +311,11 @@ namespace detail {
 
 /// Checks the options once; errors name the field and the bad value.
 void validate(const AcceleratorOptions& o);
+
+/// The configuration every rank must share, compared across ranks at start-up and recorded
+/// in checkpoints: the policies (`slots`, describe_slots) and the options that change what
+/// the ranks compute or which collectives they run.
+std::string fingerprint(std::string_view slots, const AcceleratorOptions& o);
 
 }  // namespace detail
 }  // namespace accelerate

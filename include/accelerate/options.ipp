@@ -1,6 +1,8 @@
 // Bodies of options.hpp's type-independent functions (see detail/linkage.hpp).
 #pragma once
 
+#include <sstream>
+
 #include <accelerate/options.hpp>
 
 namespace accelerate::detail {
@@ -39,6 +41,36 @@ ACCELERATE_INLINE void validate(const AcceleratorOptions& o) {
     ACCELERATE_CHECK(name == "jsonl" || name == "csv" || name == "tensorboard" || name == "all",
                      "AcceleratorOptions::tracking.log_with: unknown tracker '", name,
                      "'; valid: jsonl, csv, tensorboard, all (add your own with add_tracker)");
+}
+
+ACCELERATE_INLINE std::string fingerprint(std::string_view slots, const AcceleratorOptions& o) {
+  std::ostringstream out;
+  out << slots
+      << " accumulation.num_steps=" << o.accumulation.num_steps
+      << " accumulation.sync_with_dataloader=" << o.accumulation.sync_with_dataloader
+      << " clip.max_norm=" << o.clip.max_norm << " clip.clip_value=" << o.clip.clip_value
+      << " ddp.bucket_cap_bytes=" << o.ddp.bucket_cap_bytes
+      << " ddp.first_bucket_cap_bytes=" << o.ddp.first_bucket_cap_bytes
+      << " ddp.find_unused_parameters=" << o.ddp.find_unused_parameters
+      << " data.even_batches=" << o.data.even_batches;
+  if (o.data.split_batches) out << " data.split_batches=1";
+  if (o.data.dispatch_batches) out << " data.dispatch_batches=1";
+  // Options that change which collectives run, only when not the default, so a default
+  // configuration's fingerprint (and its checkpoints') stays what it was.
+  if (!o.ddp.bucket_order_from_arrival) out << " ddp.bucket_order_from_arrival=0";
+  if (!o.ddp.sum_in_rank_order) out << " ddp.sum_in_rank_order=0";
+  for (std::size_t i = 0; i < o.ddp.shard_units.size(); ++i)
+    out << (i == 0 ? " ddp.shard_units=" : ",") << o.ddp.shard_units[i];
+  if (o.accumulation.sync_each_batch) out << " accumulation.sync_each_batch=1";
+  if (o.accumulation.loss_divisor == LossDivisor::num_steps) out << " accumulation.loss_divisor=num_steps";
+  if (o.ddp.compression != GradientCompression::none) {
+    out << " ddp.compression=" << to_string(o.ddp.compression);
+    if (o.ddp.compression == GradientCompression::power_sgd)
+      out << " ddp.power_sgd.rank=" << o.ddp.power_sgd.rank << " ddp.power_sgd.start_iteration="
+          << o.ddp.power_sgd.start_iteration << " ddp.power_sgd.min_compression_rate="
+          << o.ddp.power_sgd.min_compression_rate;
+  }
+  return out.str();
 }
 
 }  // namespace accelerate::detail

@@ -79,9 +79,7 @@ class Registry {
   }
 
   /// Adds an entry made by hand.
-  void add(Entry entry) {
-    (is_step_state(entry.kind) ? step_states_ : objects_).push_back(std::move(entry));
-  }
+  void add(Entry entry);
 
   /// A model's entry: its parameters and buffers by name, all checked before any is loaded.
   static Entry model_entry(std::shared_ptr<torch::nn::Module> module);

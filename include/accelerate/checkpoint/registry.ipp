@@ -5,6 +5,10 @@
 
 namespace accelerate::checkpoint {
 
+ACCELERATE_INLINE void Registry::add(Entry entry) {
+  (is_step_state(entry.kind) ? step_states_ : objects_).push_back(std::move(entry));
+}
+
 ACCELERATE_INLINE Entry Registry::model_entry(std::shared_ptr<torch::nn::Module> module) {
   return {Entry::Kind::model, EntryOwner::main_rank,
           [module] {

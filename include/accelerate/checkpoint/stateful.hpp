@@ -27,6 +27,15 @@ struct StateDict {
   std::map<std::string, at::Tensor> tensors;
   nlohmann::json values = nlohmann::json::object();
 
+  // Made, copied, moved and destroyed out of line: a JSON document's destruction is several
+  // KiB of code that each translation unit would otherwise generate again.
+  StateDict();
+  StateDict(const StateDict& other);
+  StateDict(StateDict&& other) noexcept;
+  StateDict& operator=(const StateDict& other);
+  StateDict& operator=(StateDict&& other) noexcept;
+  ~StateDict();
+
   /// The value under `key`, or an error naming the key and what was there.
   template <class T>
   T value(const std::string& key) const;
@@ -51,22 +60,29 @@ concept Stateful = requires(T& object, const T& const_object, const StateDict& s
 }  // namespace accelerate
 
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/linkage.hpp>
 
 namespace accelerate {
 
+namespace detail {
+
+/// The value under `key` of a state's values; an error names the key when it is missing or,
+/// with `natural`, when it is not a natural number (nlohmann would turn -1 into 2^64 - 1).
+const nlohmann::json& state_value(const nlohmann::json& values, const std::string& key, bool natural);
+
+/// The error of a value that does not convert to the type asked for.
+[[noreturn]] void fail_state_value_type(const std::string& key, const nlohmann::json& value,
+                                        const nlohmann::json::exception& error);
+
+}  // namespace detail
+
 template <class T>
 T StateDict::value(const std::string& key) const {
-  const auto it = values.find(key);
-  ACCELERATE_CHECK(it != values.end(), "state: value '", key, "' is missing");
-  if constexpr (std::is_unsigned_v<T> && !std::is_same_v<T, bool>) {
-    // nlohmann would turn -1 into 18446744073709551615.
-    ACCELERATE_CHECK(it->is_number_unsigned() || (it->is_number_integer() && it->template get<std::int64_t>() >= 0),
-                     "state: value '", key, "' is ", it->dump(), ", expected a natural number");
-  }
+  const nlohmann::json& found = detail::state_value(values, key, std::is_unsigned_v<T> && !std::is_same_v<T, bool>);
   try {
-    return it->template get<T>();
+    return found.template get<T>();
   } catch (const nlohmann::json::exception& e) {
-    detail::fail("state: value '", key, "' has the wrong type (", it->type_name(), "): ", e.what());
+    detail::fail_state_value_type(key, found, e);
   }
 }
 
@@ -77,3 +93,7 @@ inline const at::Tensor& StateDict::tensor(const std::string& key) const {
 }
 
 }  // namespace accelerate
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/checkpoint/stateful.ipp>
+#endif

@@ -7,13 +7,57 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/linkage.hpp>
+
+namespace accelerate::detail {
+
+/// Prefetcher's machinery, whatever the batch type: the worker threads, the window and the
+/// order. Each batch travels type-erased (one small allocation per batch, next to the
+/// batch's own tensors), so a trainer's translation unit does not generate the threads'
+/// code again for its batch type.
+class PrefetchQueue {
+ public:
+  using Produce = std::function<std::shared_ptr<void>(std::size_t)>;
+
+  PrefetchQueue(std::size_t first, std::size_t last, std::size_t workers, std::size_t depth, Produce produce);
+  PrefetchQueue(const PrefetchQueue&) = delete;
+  PrefetchQueue& operator=(const PrefetchQueue&) = delete;
+  ~PrefetchQueue() { stop(); }
+
+  bool has_next() const noexcept { return take_ < last_; }
+  /// The next batch in order (rethrows what producing it threw).
+  std::shared_ptr<void> next();
+
+ private:
+  struct Result {
+    std::shared_ptr<void> batch;
+    std::exception_ptr error;
+  };
+
+  void work();
+  void stop() noexcept;
+
+  Produce produce_;
+  std::mutex mutex_;
+  std::condition_variable space_;     // a slot in the window opened, or stop
+  std::condition_variable produced_;  // a batch became ready
+  std::size_t claim_;                 // next batch a worker will produce
+  std::size_t take_;                  // next batch next() returns
+  std::size_t last_;
+  std::size_t depth_;
+  bool stopping_ = false;
+  std::map<std::size_t, Result> ready_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace accelerate::detail
 
 namespace accelerate::data {
 
@@ -34,88 +78,22 @@ class Prefetcher {
   using Produce = std::function<Batch(std::size_t)>;
 
   Prefetcher(std::size_t first, std::size_t last, std::size_t workers, std::size_t depth, Produce produce)
-      : produce_(std::move(produce)), claim_(first), take_(first), last_(last), depth_(depth) {
-    ACCELERATE_CHECK(workers > 0 && depth > 0, "Prefetcher: needs at least one worker and a depth of at least 1 (got ",
-                     workers, " workers, depth ", depth, ")");
-    threads_.reserve(workers);
-    try {
-      for (std::size_t w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
-    } catch (...) {
-      stop();
-      throw;
-    }
-  }
-
-  Prefetcher(const Prefetcher&) = delete;
-  Prefetcher& operator=(const Prefetcher&) = delete;
-  ~Prefetcher() { stop(); }
+      : queue_(first, last, workers, depth, [produce = std::move(produce)](std::size_t k) -> std::shared_ptr<void> {
+          return std::make_shared<Batch>(produce(k));
+        }) {}
 
   /// Whether a batch is left to take.
-  bool has_next() const noexcept { return take_ < last_; }
+  bool has_next() const noexcept { return queue_.has_next(); }
 
   /// The next batch in order, waiting for it if a worker is still producing it.
-  Batch next() {
-    ACCELERATE_CHECK(take_ < last_, "Prefetcher: every batch up to ", last_, " was already taken");
-    std::unique_lock lock(mutex_);
-    produced_.wait(lock, [&] { return ready_.contains(take_); });
-    auto node = ready_.extract(take_);
-    ++take_;
-    lock.unlock();
-    space_.notify_all();
-    if (node.mapped().error) std::rethrow_exception(node.mapped().error);
-    return std::move(*node.mapped().batch);
-  }
+  Batch next() { return std::move(*std::static_pointer_cast<Batch>(queue_.next())); }
 
  private:
-  struct Result {
-    std::optional<Batch> batch;
-    std::exception_ptr error;
-  };
-
-  void work() {
-    for (;;) {
-      std::size_t k;
-      {
-        std::unique_lock lock(mutex_);
-        space_.wait(lock, [&] { return stopping_ || claim_ >= last_ || claim_ < take_ + depth_; });
-        if (stopping_ || claim_ >= last_) return;
-        k = claim_++;
-      }
-      Result result;
-      try {
-        result.batch.emplace(produce_(k));
-      } catch (...) {
-        result.error = std::current_exception();
-      }
-      {
-        std::lock_guard lock(mutex_);
-        ready_.emplace(k, std::move(result));
-      }
-      produced_.notify_all();
-    }
-  }
-
-  void stop() noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    space_.notify_all();
-    for (auto& thread : threads_)
-      if (thread.joinable()) thread.join();
-  }
-
-  Produce produce_;
-  std::mutex mutex_;
-  std::condition_variable space_;     // a slot in the window opened, or stop
-  std::condition_variable produced_;  // a batch became ready
-  std::size_t claim_;                 // next batch a worker will produce
-  std::size_t take_;                  // next batch next() returns
-  std::size_t last_;
-  std::size_t depth_;
-  bool stopping_ = false;
-  std::map<std::size_t, Result> ready_;
-  std::vector<std::thread> threads_;
+  detail::PrefetchQueue queue_;
 };
 
 }  // namespace accelerate::data
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/data/prefetcher.ipp>
+#endif

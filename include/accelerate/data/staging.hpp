@@ -20,6 +20,7 @@
 
 #include <accelerate/data/batch.hpp>
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/linkage.hpp>
 
 namespace accelerate::data {
 
@@ -44,10 +45,7 @@ class StreamTransfer {
  public:
   using Fence = c10::Event;
 
-  explicit StreamTransfer(c10::Device device)
-      : guard_(device.type()),
-        device_(device.has_index() ? device : c10::Device(device.type(), guard_.getDevice().index())),
-        side_(guard_.getStreamFromGlobalPool(device_)) {}
+  explicit StreamTransfer(c10::Device device);
 
   c10::Device device() const noexcept { return device_; }
   /// The stream the copies run on.
@@ -55,20 +53,9 @@ class StreamTransfer {
 
   Fence make_fence() const { return c10::Event(device_.type()); }
 
-  at::Tensor host_buffer(std::int64_t bytes) const {
-    return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-  }
+  at::Tensor host_buffer(std::int64_t bytes) const;
 
-  at::Tensor copy(const at::Tensor& host) const {
-    const auto compute = guard_.getStream(device_);
-    at::Tensor out;
-    {
-      c10::StreamGuard on_side(side_);
-      out = host.to(device_, /*non_blocking=*/true);
-    }
-    out.record_stream(compute);
-    return out;
-  }
+  at::Tensor copy(const at::Tensor& host) const;
 
   void record(Fence& fence) const { fence.record(side_); }
   void wait_on_device(const Fence& fence) const { fence.block(guard_.getStream(device_)); }
@@ -92,11 +79,7 @@ class StreamTransfer {
 template <StagingTransfer Transfer = StreamTransfer>
 class DeviceStager {
  public:
-  explicit DeviceStager(Transfer transfer, std::size_t slots = 2) : transfer_(std::move(transfer)) {
-    ACCELERATE_CHECK(slots > 0, "DeviceStager: needs at least one slot of buffers");
-    slots_.reserve(slots);
-    for (std::size_t s = 0; s < slots; ++s) slots_.push_back(Slot{{}, transfer_.make_fence(), false});
-  }
+  explicit DeviceStager(Transfer transfer, std::size_t slots = 2);
 
   /// `batch` with every tensor on the device; the copies may still be running, but any work
   /// queued afterwards on the current stream of the device sees them complete.
@@ -121,12 +104,7 @@ class DeviceStager {
   /// each time a batch outgrew a buffer).
   std::size_t host_allocations() const noexcept { return host_allocations_; }
   /// Bytes of page-locked memory held.
-  std::int64_t host_bytes() const noexcept {
-    std::int64_t bytes = 0;
-    for (const auto& slot : slots_)
-      for (const auto& buffer : slot.buffers) bytes += buffer.defined() ? buffer.numel() : 0;
-    return bytes;
-  }
+  std::int64_t host_bytes() const noexcept;
   const Transfer& transfer() const noexcept { return transfer_; }
 
  private:
@@ -136,29 +114,8 @@ class DeviceStager {
     bool in_use;
   };
 
-  at::Tensor stage_tensor(Slot& slot, std::size_t& position, const at::Tensor& t) {
-    const auto device = transfer_.device();
-    if (!t.defined() || t.device() == device) return t;
-    if (!t.is_cpu() || t.layout() != at::kStrided) return t.to(device);
-    if (t.numel() == 0) return at::empty(t.sizes(), t.options().device(device));
-    if (position == slot.buffers.size()) slot.buffers.emplace_back();
-    auto& buffer = slot.buffers[position++];
-    const std::int64_t bytes = t.numel() * static_cast<std::int64_t>(t.element_size());
-    if (!buffer.defined() || buffer.numel() < bytes) {
-      buffer = at::Tensor();  // the old buffer goes back before the larger one is taken
-      buffer = transfer_.host_buffer(bytes);
-      ++host_allocations_;
-    }
-    auto host = buffer.narrow(0, 0, bytes).view(t.scalar_type()).view(t.sizes());
-    host.copy_(t);
-    return transfer_.copy(host);
-  }
-
-  void finish(Slot& slot) {
-    transfer_.record(slot.fence);
-    slot.in_use = true;
-    transfer_.wait_on_device(slot.fence);
-  }
+  at::Tensor stage_tensor(Slot& slot, std::size_t& position, const at::Tensor& t);
+  void finish(Slot& slot);
 
   Transfer transfer_;
   std::vector<Slot> slots_;
@@ -166,4 +123,58 @@ class DeviceStager {
   std::size_t host_allocations_ = 0;
 };
 
+// The members of DeviceStager that do not depend on a batch type, defined outside the class:
+// not inline, so that the extern template below keeps them out of a trainer's translation unit
+// in the separately compiled mode (they are instantiated for StreamTransfer once, in
+// staging.ipp).
+
+template <StagingTransfer Transfer>
+DeviceStager<Transfer>::DeviceStager(Transfer transfer, std::size_t slots) : transfer_(std::move(transfer)) {
+  ACCELERATE_CHECK(slots > 0, "DeviceStager: needs at least one slot of buffers");
+  slots_.reserve(slots);
+  for (std::size_t s = 0; s < slots; ++s) slots_.push_back(Slot{{}, transfer_.make_fence(), false});
+}
+
+template <StagingTransfer Transfer>
+std::int64_t DeviceStager<Transfer>::host_bytes() const noexcept {
+  std::int64_t bytes = 0;
+  for (const auto& slot : slots_)
+    for (const auto& buffer : slot.buffers) bytes += buffer.defined() ? buffer.numel() : 0;
+  return bytes;
+}
+
+template <StagingTransfer Transfer>
+at::Tensor DeviceStager<Transfer>::stage_tensor(Slot& slot, std::size_t& position, const at::Tensor& t) {
+  const auto device = transfer_.device();
+  if (!t.defined() || t.device() == device) return t;
+  if (!t.is_cpu() || t.layout() != at::kStrided) return t.to(device);
+  if (t.numel() == 0) return at::empty(t.sizes(), t.options().device(device));
+  if (position == slot.buffers.size()) slot.buffers.emplace_back();
+  auto& buffer = slot.buffers[position++];
+  const std::int64_t bytes = t.numel() * static_cast<std::int64_t>(t.element_size());
+  if (!buffer.defined() || buffer.numel() < bytes) {
+    buffer = at::Tensor();  // the old buffer goes back before the larger one is taken
+    buffer = transfer_.host_buffer(bytes);
+    ++host_allocations_;
+  }
+  auto host = buffer.narrow(0, 0, bytes).view(t.scalar_type()).view(t.sizes());
+  host.copy_(t);
+  return transfer_.copy(host);
+}
+
+template <StagingTransfer Transfer>
+void DeviceStager<Transfer>::finish(Slot& slot) {
+  transfer_.record(slot.fence);
+  slot.in_use = true;
+  transfer_.wait_on_device(slot.fence);
+}
+
+#if defined(ACCELERATE_SEPARATE_COMPILATION)
+extern template class DeviceStager<StreamTransfer>;
+#endif
+
 }  // namespace accelerate::data
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/data/staging.ipp>
+#endif

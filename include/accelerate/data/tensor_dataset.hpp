@@ -10,6 +10,7 @@
 #include <torch/data/example.h>
 
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/linkage.hpp>
 
 namespace accelerate::data {
 
@@ -23,13 +24,7 @@ class TensorDataset {
   using ExampleType = torch::data::Example<at::Tensor, at::Tensor>;
   using BatchType = ExampleType;
 
-  TensorDataset(at::Tensor inputs, at::Tensor targets)
-      : inputs_(std::move(inputs)), targets_(std::move(targets)) {
-    ACCELERATE_CHECK(inputs_.defined() && targets_.defined() && inputs_.dim() > 0 &&
-                         targets_.dim() > 0 && inputs_.size(0) == targets_.size(0),
-                     "TensorDataset: inputs and targets need the same first dimension, got ",
-                     inputs_.sizes(), " and ", targets_.sizes());
-  }
+  TensorDataset(at::Tensor inputs, at::Tensor targets);
 
   std::optional<std::size_t> size() const { return static_cast<std::size_t>(inputs_.size(0)); }
 
@@ -52,3 +47,7 @@ class TensorDataset {
 };
 
 }  // namespace accelerate::data
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/data/tensor_dataset.ipp>
+#endif

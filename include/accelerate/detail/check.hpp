@@ -2,10 +2,15 @@
 #pragma once
 
 #include <cstddef>
+#include <initializer_list>
+#include <ostream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
+
+#include <accelerate/detail/linkage.hpp>
 
 namespace accelerate {
 
@@ -18,18 +23,6 @@ class Error : public std::runtime_error {
 
 namespace detail {
 
-// A message part as it is streamed: a string literal as `const char*`, so that messages whose
-// literals differ only in length share one instantiation of concat (as arrays they made 59
-// instantiations, 30 KiB of a trainer's object code, bench/README.md).
-template <class Part>
-const auto& message_part(const Part& part) {
-  return part;
-}
-template <class Char, std::size_t N>
-const Char* message_part(const Char (&part)[N]) {
-  return part;
-}
-
 template <class... Parts>
 std::string concat(const Parts&... parts) {
   std::ostringstream out;
@@ -37,11 +30,34 @@ std::string concat(const Parts&... parts) {
   return out.str();
 }
 
-[[noreturn]] inline void throw_error(std::string message) { throw Error(std::move(message)); }
+/// One part of an error message: where it is and the function that streams its type. fail()
+/// passes its parts this way to one function that is not a template, so each of the library's
+/// checks costs a translation unit a few instructions rather than a stream expression of its
+/// own (bench/README.md, "Compile cost of a trainer").
+struct MessagePart {
+  const void* value;
+  void (*write)(std::ostream&, const void*);
+};
+
+template <class T>
+void write_message_part(std::ostream& out, const void* value) {
+  out << *static_cast<const T*>(value);
+}
+
+inline void write_message_text(std::ostream& out, const void* text) { out << static_cast<const char*>(text); }
+
+template <class T>
+MessagePart message_part(const T& part) {
+  if constexpr (std::is_array_v<T>) return {part, &write_message_text};  // a string literal
+  else return {&part, &write_message_part<T>};
+}
+
+/// Throws accelerate::Error with the parts streamed one after another.
+[[noreturn]] void throw_message(std::initializer_list<MessagePart> parts);
 
 template <class... Parts>
 [[noreturn]] void fail(const Parts&... parts) {
-  throw_error(concat(message_part(parts)...));
+  throw_message({message_part(parts)...});
 }
 
 }  // namespace detail
@@ -56,3 +72,7 @@ template <class... Parts>
       ::accelerate::detail::fail(__VA_ARGS__);      \
     }                                               \
   } while (false)
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/detail/check.ipp>
+#endif

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include <accelerate/detail/linkage.hpp>
 #include <accelerate/detail/type_name.hpp>
 
 namespace accelerate {
@@ -22,21 +23,20 @@ inline constexpr std::array<std::string_view, 4> slot_names{"Backend", "Precisio
 
 namespace detail {
 
-/// "Backend=accelerate::Gloo Precision=accelerate::Bf16 ..." for an Accelerator's `policies`.
+/// "Backend=accelerate::Gloo Precision=accelerate::Bf16 ..." for the policies named in slot
+/// order.
+std::string describe_slots(const std::array<std::string_view, slot_names.size()>& policies);
+
+/// describe_slots for an Accelerator's `policies`.
 template <class... Policies>
 std::string describe_slots(type_list<Policies...>) {
   static_assert(sizeof...(Policies) == slot_names.size(), "one policy per slot");
-  std::string out;
-  std::size_t slot = 0;
-  // Appended piece by piece: GCC 12 warns (-Wstringop-overflow, a false positive) on the
-  // concatenated temporaries once this is inlined into the fingerprint.
-  const auto describe = [&](std::string_view policy) {
-    if (slot != 0) out += ' ';
-    out.append(slot_names[slot++]).append("=").append(policy);
-  };
-  (describe(type_name<Policies>()), ...);
-  return out;
+  return describe_slots({type_name<Policies>()...});
 }
 
 }  // namespace detail
 }  // namespace accelerate
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/policy/slots.ipp>
+#endif

@@ -24,6 +24,7 @@
 #include <accelerate/data/shard_sampler.hpp>
 #include <accelerate/data/staging.hpp>
 #include <accelerate/detail/check.hpp>
+#include <accelerate/detail/linkage.hpp>
 #include <accelerate/distributed/collectives.hpp>
 #include <accelerate/gradient_state.hpp>
 #include <accelerate/prepared/preparable.hpp>
@@ -31,6 +32,46 @@
 namespace accelerate {
 
 namespace detail {
+
+/// Where a prepared loader stands in its epochs, as its checkpoint records it.
+struct LoaderPosition {
+  std::size_t epoch = 0;        // completed epochs
+  std::size_t consumed = 0;     // batches yielded in the current epoch (skipped when resuming)
+  std::size_t epoch_start = 0;  // positions of the epoch's order another world size consumed
+};
+
+/// How a loader's batches are dealt, for its checkpoint: a map-style source's sampler (null
+/// for a range of batches) and whether each rank takes a slice of global batches.
+struct LoaderSharding {
+  const data::ShardSpec* sampler = nullptr;
+  bool split_batches = false;
+};
+
+/// PreparedDataLoader::state_dict: the position, the world size, the samples of the epoch all
+/// ranks consumed together and, with a sampler, its seed and sharding.
+StateDict loader_state(const LoaderPosition& position, int world_size, std::size_t samples_consumed,
+                       const LoaderSharding& sharding);
+
+/// What PreparedDataLoader::load_state_dict restores: the position to resume at on `world_size`
+/// processes and, with a sampler, the saved shuffle seed.
+struct LoaderResume {
+  LoaderPosition position;
+  std::uint64_t seed = 0;
+};
+
+/// Checks a saved loader state against this loader's sharding and computes where it resumes;
+/// an error names the first difference (see PreparedDataLoader::load_state_dict).
+LoaderResume resume_loader(const StateDict& state, std::size_t world_size, const LoaderSharding& sharding);
+
+/// What prepare compares across ranks for its `index`-th dataloader (ProcessGroupCore::
+/// check_same_on_every_rank): its state as space-separated `key=value` fields (so the error
+/// names the first field that differs) and, when given, its batches per rank.
+struct LoaderCheck {
+  std::string key;
+  std::string value;
+  std::string subject;
+};
+LoaderCheck loader_check(const StateDict& state, std::optional<std::size_t> batches_per_rank, std::size_t index);
 
 /// One batch of a map-style dataset: its get_batch(indices) when it has one, else its
 /// get(index) samples stacked by data::collate. With `name_failures` an exception from the
@@ -438,31 +479,15 @@ class PreparedDataLoader {
   /// {epoch, batches consumed, world size, samples of the epoch consumed by all ranks together
   /// and, for datasets, where this epoch began, the shuffle seed and sharding}.
   StateDict state_dict() const {
-    StateDict s;
     const auto& sh = *shared_;
-    s.values = {{"epoch", sh.epoch}, {"batches_consumed", sh.consumed},
-                {"world_size", sh.context->num_processes()}, {"samples_consumed", sh.samples_consumed()},
-                {"epoch_start", sh.epoch_start}};
-    if constexpr (requires { sh.source.sampler(); }) {
-      const auto& spec = sh.source.sampler().spec();
-      s.values["seed"] = spec.seed;
-      s.values["dataset_size"] = spec.dataset_size;
-      s.values["batch_size"] = spec.batch_size;
-      s.values["shuffle"] = spec.shuffle;
-      s.values["drop_last"] = spec.drop_last;
-      s.values["even_batches"] = spec.even_batches;
-      s.values["split_batches"] = spec.split_batches;
-    } else {
-      s.values["split_batches"] = sh.source.split();
-    }
-    return s;
+    return detail::loader_state({sh.epoch, sh.consumed, sh.epoch_start}, sh.context->num_processes(),
+                                sh.samples_consumed(), sharding());
   }
 
   /// Restores the position; the next begin() resumes after the last consumed batch. A state
   /// taken with another dataset size, batch size, shuffle, drop_last, even_batches or
-  /// split_batches (the
-  /// batch order would differ) is an error naming both values; nothing changes before every
-  /// value is checked.
+  /// split_batches (the batch order would differ) is an error naming both values; nothing
+  /// changes before every value is checked.
   ///
   /// A state saved by another number of processes resumes by samples: the positions of the
   /// epoch's order that all ranks together consumed are skipped, and the rest of the epoch is
@@ -471,73 +496,21 @@ class PreparedDataLoader {
   /// the batches consumed are whole rounds of this world size.
   void load_state_dict(const StateDict& s) {
     auto& sh = *shared_;
-    const auto world = s.value<std::size_t>("world_size");
-    const auto here = static_cast<std::size_t>(sh.context->num_processes());
-    const auto epoch = s.value<std::size_t>("epoch");
-    const auto consumed = s.value<std::size_t>("batches_consumed");
-    std::size_t skip = consumed, epoch_start = 0;
-    if constexpr (requires { sh.source.sampler(); }) {
-      const auto& spec = sh.source.sampler().spec();
-      const auto dataset_size = s.value<std::size_t>("dataset_size");
-      const auto batch_size = s.value<std::size_t>("batch_size");
-      // Split batches are compared whole: the slices differ with the number of processes.
-      const bool saved_split = s.values.contains("split_batches") && s.value<bool>("split_batches");
-      const auto saved_batch = saved_split ? batch_size * world : batch_size;
-      const auto this_batch = spec.split_batches ? spec.batch_size * here : spec.batch_size;
-      ACCELERATE_CHECK(dataset_size == spec.dataset_size && saved_batch == this_batch,
-                       "dataloader state: saved for a dataset of ", dataset_size,
-                       " samples in batches of ", saved_batch, ", this loader has ",
-                       spec.dataset_size, " samples in batches of ", this_batch);
-      // States written before these were recorded lack them.
-      for (const auto& [key, mine] : {std::pair{"shuffle", spec.shuffle}, std::pair{"drop_last", spec.drop_last},
-                                      std::pair{"even_batches", spec.even_batches},
-                                      std::pair{"split_batches", spec.split_batches}}) {
-        if (!s.values.contains(key)) continue;
-        const bool saved = s.value<bool>(key);
-        ACCELERATE_CHECK(saved == mine, "dataloader state: saved with ", key, " = ", saved ? "true" : "false",
-                         ", this loader has ", key, " = ", mine ? "true" : "false",
-                         " (the batch order would differ)");
-      }
-      const auto saved_start = s.values.contains("epoch_start") ? s.value<std::size_t>("epoch_start") : 0;
-      ACCELERATE_CHECK(saved_start <= dataset_size, "dataloader state: epoch_start ", saved_start,
-                       " is past the dataset's ", dataset_size, " samples");
-      if (world == here) {
-        epoch_start = saved_start;
-        data::ShardSampler trial(spec);
-        trial.set_epoch_start(epoch_start);
-        ACCELERATE_CHECK(consumed <= trial.batches_per_rank(), "dataloader state: ", consumed,
-                         " batches consumed, but an epoch of this loader has ", trial.batches_per_rank());
-      } else {
-        epoch_start = s.values.contains("samples_consumed")
-                          ? s.value<std::size_t>("samples_consumed")
-                          : std::min(dataset_size, saved_start + consumed * world * batch_size);
-        ACCELERATE_CHECK(epoch_start <= dataset_size, "dataloader state: ", epoch_start,
-                         " samples consumed, but the dataset has ", dataset_size);
-        skip = 0;
-      }
-      sh.source.set_seed(s.value<std::uint64_t>("seed"));
-    } else {
-      const bool saved_split = s.values.contains("split_batches") && s.value<bool>("split_batches");
-      ACCELERATE_CHECK(saved_split == sh.source.split(), "dataloader state: saved with split_batches = ",
-                       saved_split ? "true" : "false", ", this loader has split_batches = ",
-                       sh.source.split() ? "true" : "false", " (the batches would differ)");
-    }
-    if constexpr (!requires { sh.source.sampler(); }) {
-      if (world != here && !sh.source.split()) {
-        ACCELERATE_CHECK(consumed * world % here == 0, "dataloader state: saved by ", world, " processes after ",
-                       consumed, " batches each (", consumed * world, " batches of the range); this run has ",
-                       here, " processes, which cannot resume there: a range of batches is dealt in rounds of ",
-                       here, " (prepare a map-style dataset to resume anywhere)");
-        skip = consumed * world / here;
-      }
-    }
-    sh.epoch = epoch;
-    sh.set_epoch_start(epoch_start);
-    sh.consumed = skip;
-    sh.skip_next = skip;
+    const auto resumed = detail::resume_loader(s, static_cast<std::size_t>(sh.context->num_processes()), sharding());
+    if constexpr (requires { sh.source.sampler(); }) sh.source.set_seed(resumed.seed);
+    sh.epoch = resumed.position.epoch;
+    sh.set_epoch_start(resumed.position.epoch_start);
+    sh.consumed = resumed.position.consumed;
+    sh.skip_next = resumed.position.consumed;
   }
 
  private:
+  detail::LoaderSharding sharding() const {
+    const auto& source = shared_->source;
+    if constexpr (requires { source.sampler(); }) return {&source.sampler().spec(), source.sampler().spec().split_batches};
+    else return {nullptr, source.split()};
+  }
+
   std::shared_ptr<Shared> shared_;
 };
 
@@ -550,3 +523,7 @@ PreparedDataLoader<Source, Acc>& skip_first_batches(PreparedDataLoader<Source, A
 }
 
 }  // namespace accelerate
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/prepared/dataloader.ipp>
+#endif

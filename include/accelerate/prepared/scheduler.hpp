@@ -16,7 +16,21 @@
 
 #include <accelerate/checkpoint/stateful.hpp>
 #include <accelerate/compat/torch.hpp>
+#include <accelerate/detail/linkage.hpp>
 #include <accelerate/prepared/preparable.hpp>
+
+namespace accelerate::detail {
+
+/// A scheduler's checkpoint: its step count.
+StateDict step_count_state_dict(unsigned step_count);
+unsigned step_count_from(const StateDict& state);
+
+/// A plateau scheduler's checkpoint: its evaluation state. JSON has no inf or NaN (a metric
+/// may be either): those are written as text.
+StateDict plateau_state_dict(const compat::PlateauState& state);
+compat::PlateauState plateau_state_from(const StateDict& state);
+
+}  // namespace accelerate::detail
 
 namespace accelerate {
 
@@ -87,49 +101,24 @@ class PreparedScheduler {
   /// The scheduler's step count (its learning rates are part of the optimizer's state), or a
   /// plateau scheduler's evaluation state.
   StateDict state_dict() const {
-    StateDict s;
-    if constexpr (Stateful<Scheduler>) {
-      return scheduler_->state_dict();
-    } else if constexpr (on_plateau) {
-      const auto state = compat::plateau_state(*scheduler_);
-      s.values["last_epoch"] = state.last_epoch;
-      s.values["num_bad_epochs"] = state.num_bad_epochs;
-      s.values["cooldown_counter"] = state.cooldown_counter;
-      // JSON has no inf or NaN (a metric may be either): those are written as text.
-      if (std::isfinite(state.best)) s.values["best"] = state.best;
-      else s.values["best"] = std::isnan(state.best) ? "nan" : state.best > 0 ? "inf" : "-inf";
-    } else {
-      s.values["step_count"] = compat::scheduler_step_count(*scheduler_);
-    }
-    return s;
+    if constexpr (Stateful<Scheduler>) return scheduler_->state_dict();
+    else if constexpr (on_plateau) return detail::plateau_state_dict(compat::plateau_state(*scheduler_));
+    else return detail::step_count_state_dict(compat::scheduler_step_count(*scheduler_));
   }
   void load_state_dict(const StateDict& state) {
-    if constexpr (Stateful<Scheduler>) {
-      scheduler_->load_state_dict(state);
-    } else if constexpr (on_plateau) {
-      compat::PlateauState restored{state.value<int>("last_epoch"), best_metric(state),
-                                    state.value<int>("num_bad_epochs"), state.value<int>("cooldown_counter")};
-      compat::set_plateau_state(*scheduler_, restored);
-    } else {
-      compat::set_scheduler_step_count(*scheduler_, state.value<unsigned>("step_count"));
-    }
+    if constexpr (Stateful<Scheduler>) scheduler_->load_state_dict(state);
+    else if constexpr (on_plateau) compat::set_plateau_state(*scheduler_, detail::plateau_state_from(state));
+    else compat::set_scheduler_step_count(*scheduler_, detail::step_count_from(state));
   }
 
  private:
-  static float best_metric(const StateDict& state) {
-    const auto it = state.values.find("best");
-    if (it != state.values.end() && it->is_string()) {
-      const std::string text = it->template get<std::string>();
-      if (text == "nan") return std::numeric_limits<float>::quiet_NaN();
-      if (text == "inf") return std::numeric_limits<float>::infinity();
-      if (text == "-inf") return -std::numeric_limits<float>::infinity();
-    }
-    return state.value<float>("best");
-  }
-
   std::shared_ptr<Scheduler> scheduler_;
   [[no_unique_address]] ContextRef context_;
   [[no_unique_address]] Slot slot_;
 };
 
 }  // namespace accelerate
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/prepared/scheduler.ipp>
+#endif

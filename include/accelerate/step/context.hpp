@@ -16,6 +16,7 @@
 #include <accelerate/checkpoint/hooks.hpp>
 #include <accelerate/checkpoint/registry.hpp>
 #include <accelerate/checkpoint/state.hpp>
+#include <accelerate/detail/linkage.hpp>
 #include <accelerate/distributed/engine.hpp>
 #include <accelerate/gradient_state.hpp>
 #include <accelerate/options.hpp>
@@ -28,8 +29,15 @@ namespace accelerate {
 
 namespace detail {
 
-/// State every Accelerator has, whatever its policies.
+/// State every Accelerator has, whatever its policies. Made and destroyed out of line: its
+/// members' construction and destruction (the options, the registry, trackers, a background
+/// save) are the same for every configuration.
 struct CoreState {
+  CoreState(const AcceleratorOptions& options, c10::Device device);
+  CoreState(const CoreState&) = delete;
+  CoreState& operator=(const CoreState&) = delete;
+  ~CoreState();
+
   AcceleratorOptions options;
   c10::Device device{c10::kCPU};
   GradientState gradient_state;            // the prepared dataloaders being iterated now
@@ -69,7 +77,7 @@ struct Context {
   /// states a checkpoint carries: the grad scaler (Fp16) and each rank's micro-step counter.
   Context(const AcceleratorOptions& options, std::string_view fingerprint)
       : engine(options, fingerprint),
-        core{options, engine.device(options), {}, {}, false, 0, {}},
+        core(options, engine.device(options)),
         accumulation(options.accumulation),
         precision(options.precision, core.device) {
     precision.register_state(core.checkpoint);
@@ -163,3 +171,7 @@ struct Context {
 
 }  // namespace step
 }  // namespace accelerate
+
+#if !defined(ACCELERATE_SEPARATE_COMPILATION)
+#include <accelerate/step/context.ipp>
+#endif
