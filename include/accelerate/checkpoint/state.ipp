@@ -258,7 +258,11 @@ ACCELERATE_INLINE void publish_plan(const SavePlan& plan) {
     auto complete = list_checkpoints(*plan.rotate_under);
     for (std::size_t i = 0; i + *plan.total_limit < complete.size(); ++i) {
       const auto& old = complete[i].second;
-      const auto doomed = old.parent_path() / ("." + old.filename().string() + ".deleting");
+      // Appended piece by piece: GCC 12 warns (-Wstringop-overflow, a false positive) on
+      // "." + name + ".deleting" once enough of this function is inlined.
+      std::string hidden = ".";
+      hidden.append(old.filename().string()).append(".deleting");
+      const auto doomed = old.parent_path() / hidden;
       fs::remove_all(doomed, ec);
       fs::rename(old, doomed);
       fs::remove_all(doomed, ec);
