@@ -4,14 +4,22 @@
 //   nccl_train --nproc N          trains on N GPUs with bf16 and accumulation; exits 77 (CTest's
 //                                 skip code) when fewer than N CUDA devices are visible
 //   nccl_train --nproc N --zero S the same on Zero<Nccl, S> (sharded, stage 1, 2 or 3)
+//   nccl_train --nproc N --conformance nccl|zero1|zero2|zero3
+//                                 the engine conformance cases (tests/support) on that NCCL
+//                                 engine, one process per GPU; N = 1 runs on a one-GPU machine
 #include <accelerate/accelerate.hpp>
 #include <accelerate/distributed/nccl.hpp>
+#include <accelerate/distributed/sharded.hpp>
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstring>
+#include <exception>
 #include <iostream>
 #include <string>
+
+#include "../support/engine_conformance.hpp"
 
 template <class Backend>
 int train() {
@@ -39,6 +47,33 @@ int train() {
   return same ? 0 : 1;
 }
 
+// Runs every conformance case on one engine of this process; a failing case is reported with
+// its message and the others still run (a rank stuck in a collective after another rank
+// failed gives up after the group's timeout).
+template <class Engine>
+int conformance(const std::string& kind) {
+  namespace conformance = accelerate::testing::conformance;
+  Engine engine(accelerate::AcceleratorOptions{.process_group = {.timeout = std::chrono::seconds(60)}}, "conformance");
+  int cases = 0, failures = 0;
+  auto run = [&](const char* name, auto&& body) {
+    ++cases;
+    try {
+      body(engine);
+    } catch (const std::exception& e) {
+      ++failures;
+      std::cerr << "nccl_conformance: " << kind << " rank " << engine.rank() << " fails " << name << ": " << e.what()
+                << std::endl;
+    }
+  };
+#define ACCELERATE_RUN_CASE(Test, function) run(#Test, [](auto& e) { conformance::function(e); });
+  ACCELERATE_CONFORMANCE_CASES(ACCELERATE_RUN_CASE)
+#undef ACCELERATE_RUN_CASE
+  std::cout << "nccl_conformance: " << kind << " rank " << engine.rank() << " of " << engine.world_size() << " on "
+            << engine.collective_device() << ": " << (cases - failures) << " of " << cases << " cases pass"
+            << std::endl;
+  return failures == 0 && cases > 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--version") == 0) {
     std::cout << "NCCL " << accelerate::distributed::nccl_version() << std::endl;
@@ -49,6 +84,16 @@ int main(int argc, char** argv) {
     if (!torch::cuda::is_available() || static_cast<int>(torch::cuda::device_count()) < world) {
       std::cout << "nccl_train: needs " << world << " CUDA device(s); skipping" << std::endl;
       return 77;
+    }
+    namespace dist = accelerate::distributed;
+    if (argc > 2 && std::strcmp(argv[1], "--conformance") == 0) {
+      const std::string kind = argv[2];
+      if (kind == "nccl") return conformance<dist::ProcessGroupEngine<dist::NcclFactory>>(kind);
+      if (kind == "zero1") return conformance<dist::ShardedEngine<dist::NcclFactory, 1>>(kind);
+      if (kind == "zero2") return conformance<dist::ShardedEngine<dist::NcclFactory, 2>>(kind);
+      if (kind == "zero3") return conformance<dist::ShardedEngine<dist::NcclFactory, 3>>(kind);
+      std::cerr << "nccl_train: --conformance takes nccl, zero1, zero2 or zero3, not " << kind << std::endl;
+      return 2;
     }
     const std::string zero = argc > 2 && std::strcmp(argv[1], "--zero") == 0 ? argv[2] : "";
     if (zero == "1") return train<accelerate::Zero<accelerate::Nccl, 1>>();
