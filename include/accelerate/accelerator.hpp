@@ -13,7 +13,6 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -24,7 +23,6 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/utils/clip_grad.h>
 

@@ -1,6 +1,11 @@
 // Bodies of accelerator.hpp's type-independent functions (see detail/linkage.hpp).
 #pragma once
 
+#include <mutex>
+#include <sstream>
+
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <accelerate/accelerator.hpp>
 
 namespace accelerate::detail {

@@ -3,13 +3,11 @@
 // ProcessGroupEngine from <accelerate/distributed/nccl.hpp>.
 #pragma once
 
-#include <cctype>
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <unordered_map>

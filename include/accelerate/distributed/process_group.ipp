@@ -1,6 +1,9 @@
 // Bodies of process_group.hpp's type-independent functions (see detail/linkage.hpp).
 #pragma once
 
+#include <cctype>
+#include <sstream>
+
 #include <accelerate/distributed/process_group.hpp>
 
 namespace accelerate::distributed {

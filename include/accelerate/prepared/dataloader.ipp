@@ -26,6 +26,7 @@ ACCELERATE_INLINE LoaderResume resume_loader(const StateDict& s, std::size_t her
   const auto world = s.value<std::size_t>("world_size");
   const auto epoch = s.value<std::size_t>("epoch");
   const auto consumed = s.value<std::size_t>("batches_consumed");
+  const bool saved_split = s.values.contains("split_batches") && s.value<bool>("split_batches");
   LoaderResume resumed;
   std::size_t skip = consumed, epoch_start = 0;
   if (const auto* sampler = sharding.sampler) {
@@ -33,7 +34,6 @@ ACCELERATE_INLINE LoaderResume resume_loader(const StateDict& s, std::size_t her
     const auto dataset_size = s.value<std::size_t>("dataset_size");
     const auto batch_size = s.value<std::size_t>("batch_size");
     // Split batches are compared whole: the slices differ with the number of processes.
-    const bool saved_split = s.values.contains("split_batches") && s.value<bool>("split_batches");
     const auto saved_batch = saved_split ? batch_size * world : batch_size;
     const auto this_batch = spec.split_batches ? spec.batch_size * here : spec.batch_size;
     ACCELERATE_CHECK(dataset_size == spec.dataset_size && saved_batch == this_batch,
@@ -67,7 +67,6 @@ ACCELERATE_INLINE LoaderResume resume_loader(const StateDict& s, std::size_t her
     }
     resumed.seed = s.value<std::uint64_t>("seed");
   } else {
-    const bool saved_split = s.values.contains("split_batches") && s.value<bool>("split_batches");
     ACCELERATE_CHECK(saved_split == sharding.split_batches, "dataloader state: saved with split_batches = ",
                      saved_split ? "true" : "false", ", this loader has split_batches = ",
                      sharding.split_batches ? "true" : "false", " (the batches would differ)");
