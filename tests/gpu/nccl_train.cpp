@@ -7,6 +7,9 @@
 //   nccl_train --nproc N --conformance nccl|zero1|zero2|zero3
 //                                 the engine conformance cases (tests/support) on that NCCL
 //                                 engine, one process per GPU; N = 1 runs on a one-GPU machine
+//   nccl_train --nproc N --conformance gloo
+//                                 the same runner on Gloo's engine, on the CPU: checks the
+//                                 runner itself where no GPU is lent
 #include <accelerate/accelerate.hpp>
 #include <accelerate/distributed/nccl.hpp>
 #include <accelerate/distributed/sharded.hpp>
@@ -51,7 +54,7 @@ int train() {
 // its message and the others still run (a rank stuck in a collective after another rank
 // failed gives up after the group's timeout).
 template <class Engine>
-int conformance(const std::string& kind) {
+int run_conformance(const std::string& kind) {
   namespace conformance = accelerate::testing::conformance;
   Engine engine(accelerate::AcceleratorOptions{.process_group = {.timeout = std::chrono::seconds(60)}}, "conformance");
   int cases = 0, failures = 0;
@@ -61,14 +64,14 @@ int conformance(const std::string& kind) {
       body(engine);
     } catch (const std::exception& e) {
       ++failures;
-      std::cerr << "nccl_conformance: " << kind << " rank " << engine.rank() << " fails " << name << ": " << e.what()
+      std::cerr << "conformance: " << kind << " rank " << engine.rank() << " fails " << name << ": " << e.what()
                 << std::endl;
     }
   };
 #define ACCELERATE_RUN_CASE(Test, function) run(#Test, [](auto& e) { conformance::function(e); });
   ACCELERATE_CONFORMANCE_CASES(ACCELERATE_RUN_CASE)
 #undef ACCELERATE_RUN_CASE
-  std::cout << "nccl_conformance: " << kind << " rank " << engine.rank() << " of " << engine.world_size() << " on "
+  std::cout << "conformance: " << kind << " rank " << engine.rank() << " of " << engine.world_size() << " on "
             << engine.collective_device() << ": " << (cases - failures) << " of " << cases << " cases pass"
             << std::endl;
   return failures == 0 && cases > 0 ? 0 : 1;
@@ -80,19 +83,22 @@ int main(int argc, char** argv) {
     return 0;
   }
   return accelerate::launch(argc, argv, [](int argc, char** argv) {
+    namespace dist = accelerate::distributed;
+    const bool conformance = argc > 2 && std::strcmp(argv[1], "--conformance") == 0;
+    if (conformance && std::strcmp(argv[2], "gloo") == 0)
+      return run_conformance<dist::ProcessGroupEngine<dist::GlooFactory>>("gloo");
     const auto world = accelerate::distributed::detect_environment().world_size;
     if (!torch::cuda::is_available() || static_cast<int>(torch::cuda::device_count()) < world) {
       std::cout << "nccl_train: needs " << world << " CUDA device(s); skipping" << std::endl;
       return 77;
     }
-    namespace dist = accelerate::distributed;
-    if (argc > 2 && std::strcmp(argv[1], "--conformance") == 0) {
+    if (conformance) {
       const std::string kind = argv[2];
-      if (kind == "nccl") return conformance<dist::ProcessGroupEngine<dist::NcclFactory>>(kind);
-      if (kind == "zero1") return conformance<dist::ShardedEngine<dist::NcclFactory, 1>>(kind);
-      if (kind == "zero2") return conformance<dist::ShardedEngine<dist::NcclFactory, 2>>(kind);
-      if (kind == "zero3") return conformance<dist::ShardedEngine<dist::NcclFactory, 3>>(kind);
-      std::cerr << "nccl_train: --conformance takes nccl, zero1, zero2 or zero3, not " << kind << std::endl;
+      if (kind == "nccl") return run_conformance<dist::ProcessGroupEngine<dist::NcclFactory>>(kind);
+      if (kind == "zero1") return run_conformance<dist::ShardedEngine<dist::NcclFactory, 1>>(kind);
+      if (kind == "zero2") return run_conformance<dist::ShardedEngine<dist::NcclFactory, 2>>(kind);
+      if (kind == "zero3") return run_conformance<dist::ShardedEngine<dist::NcclFactory, 3>>(kind);
+      std::cerr << "nccl_train: --conformance takes nccl, zero1, zero2, zero3 or gloo, not " << kind << std::endl;
       return 2;
     }
     const std::string zero = argc > 2 && std::strcmp(argv[1], "--zero") == 0 ? argv[2] : "";
