@@ -3,6 +3,12 @@
 # scripts/gpu-check.sh can build there from the working tree alone: header-only Boost.Hana,
 # range-v3 and nlohmann-json, Gloo's headers, GoogleTest's and Google Benchmark's sources, and
 # the Fashion-MNIST files. Run here, after scripts/quickstart.sh; idempotent.
+#
+# It also builds the GPU check's programs here (gpu_tests, nccl_train, fashion_mnist, bench_step,
+# bench_staging) into third_party/prebuilt/: against the same LibTorch wheel as the GPU machines
+# (scripts/requirements.txt pins it), with the test frameworks from third_party/ and no yaml-cpp,
+# so they need nothing there beyond LibTorch, the C and C++ runtimes and zlib. gpu-check.sh runs
+# them when they start there and builds its own otherwise: a build takes minutes of device time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=third_party
@@ -22,4 +28,22 @@ if [[ ! -f "$dest/benchmark/CMakeLists.txt" ]]; then
   rm -rf "$dest/benchmark/test" "$dest/benchmark/docs" "$dest/benchmark/.github"
 fi
 cp /usr/share/datasets/fashion-mnist/*.gz "$dest/fashion-mnist/"
-du -sh "$dest"
+
+# --- the GPU check's programs, prebuilt ---------------------------------------------------
+programs=(tests/gpu_tests tests/nccl_train examples/fashion_mnist bench/bench_step bench/bench_staging)
+cmake -S . -B build-gpu-prebuilt -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCELERATE_THIRD_PARTY_DIR="$PWD/$dest" \
+  -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON \
+  -DCMAKE_DISABLE_FIND_PACKAGE_yaml-cpp=ON > /dev/null
+cmake --build build-gpu-prebuilt -j "$(nproc)" --target "${programs[@]##*/}"
+# Only libraries every GPU machine has: LibTorch's (found there through LD_LIBRARY_PATH), the C
+# and C++ runtimes, zlib.
+allowed='^(libtorch.*|libc10.*|libstdc\+\+\.so\.6|libm\.so\.6|libgcc_s\.so\.1|libc\.so\.6|libz\.so\.1)$'
+for program in "${programs[@]}"; do
+  for needed in $(readelf -d "build-gpu-prebuilt/$program" | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p'); do
+    [[ "$needed" =~ $allowed ]] || { echo "prepare-gpu-carry: $program needs $needed, which a GPU machine may lack" >&2; exit 1; }
+  done
+done
+rm -rf "$dest/prebuilt" && mkdir -p "$dest/prebuilt"
+(cd build-gpu-prebuilt && cp --parents "${programs[@]}" ../"$dest/prebuilt"/)
+.venv/bin/python -c 'import torch; print(torch.__version__)' > "$dest/prebuilt/torch-version.txt"
+du -sh "$dest/prebuilt" && du -sh "$dest"
