@@ -16,8 +16,11 @@
 
 #include <torch/torch.h>
 
+#include <accelerate/detail/check.hpp>
 #include <accelerate/distributed/collectives.hpp>
 #include <accelerate/distributed/engine.hpp>
+#include <accelerate/distributed/reduction.hpp>
+#include <accelerate/distributed/stats.hpp>
 
 namespace accelerate::testing::conformance {
 
