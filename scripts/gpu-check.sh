@@ -44,7 +44,8 @@ else
 fi
 
 step "tests labelled gpu"
-ctest --test-dir build-gpu -L gpu --output-on-failure --output-junit "$out/gpu-tests.xml" || status=1
+# Bounded as a whole, so that a hanging run still leaves the device time for what follows.
+timeout 360 ctest --test-dir build-gpu -L gpu --output-on-failure --output-junit "$out/gpu-tests.xml" || status=1
 step "bench_staging: host-to-GPU copies by kind"
 ./build-gpu/bench/bench_staging --rounds 3 --steps 50 | tee "$out/bench_staging.jsonl" || status=1
 for precision in bf16 fp16; do

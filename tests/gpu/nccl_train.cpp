@@ -27,7 +27,8 @@
 template <class Backend>
 int train() {
   using Acc = accelerate::Accelerator<Backend, accelerate::Bf16, accelerate::Accumulate<2>, accelerate::ClipNorm<>>;
-  Acc acc{{.seed = 0}};
+  // A collective that never completes fails the run within a minute, not the default 30.
+  Acc acc{{.seed = 0, .process_group = {.timeout = std::chrono::seconds(60)}}};
   torch::nn::Sequential net(torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 4));
   torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-3));
   auto x = torch::randn({512, 32});
