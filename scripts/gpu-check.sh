@@ -20,8 +20,14 @@ step() { echo "== $* ($((SECONDS - start)) s)"; }
 python=$(command -v python3)
 step "machine"
 nvidia-smi || true
-"$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())'
-prefix=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+# One import of torch (1.3-2 s each here): what the log shows, then what the steps below use.
+mapfile -t torch_facts < <("$python" -c 'import os, torch, torch.utils
+print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())
+print(torch.__version__)
+print(os.path.join(os.path.dirname(torch.__file__), "lib"))
+print(torch.utils.cmake_prefix_path)')
+echo "${torch_facts[0]:-torch: not importable}"
+torch_version="${torch_facts[1]:-}" torch_lib="${torch_facts[2]:-}" prefix="${torch_facts[3]:-}"
 
 step "configure"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
@@ -31,8 +37,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=
 # here, which saves the build's minutes of device time; otherwise built here.
 programs=(tests/gpu_tests tests/nccl_train examples/fashion_mnist bench/bench_step bench/bench_staging)
 prebuilt=third_party/prebuilt
-torch_lib=$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-if [[ "$(cat $prebuilt/torch-version.txt 2>/dev/null)" == "$("$python" -c 'import torch; print(torch.__version__)')" ]] &&
+if [[ -n "$torch_version" && "$(cat $prebuilt/torch-version.txt 2>/dev/null)" == "$torch_version" ]] &&
    LD_LIBRARY_PATH="$torch_lib" "$prebuilt/tests/nccl_train" --version; then
   step "prebuilt programs"
   # Their run path names the machine they were built on; this LibTorch is found through this.
