@@ -33,18 +33,19 @@ step "configure"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
   -DACCELERATE_PYTHON="$python" -DACCELERATE_THIRD_PARTY_DIR="$PWD/third_party" \
   -DACCELERATE_TEST_PYTHON="$python" || exit 1
-# Programs prepare-gpu-carry.sh built against this LibTorch version: taken when they start
-# here, which saves the build's minutes of device time; otherwise built here.
+# Programs prepare-gpu-carry.sh built from these sources against this LibTorch version: taken
+# when they start here, which saves the build's minutes of device time; otherwise built here.
 programs=(tests/gpu_tests tests/nccl_train examples/fashion_mnist bench/bench_step bench/bench_staging)
 prebuilt=third_party/prebuilt
 if [[ -n "$torch_version" && "$(cat $prebuilt/torch-version.txt 2>/dev/null)" == "$torch_version" ]] &&
+   [[ "$(cat $prebuilt/sources.sha256 2>/dev/null)" == "$(scripts/source-fingerprint.sh)" ]] &&
    LD_LIBRARY_PATH="$torch_lib" "$prebuilt/tests/nccl_train" --version; then
   step "prebuilt programs"
   # Their run path names the machine they were built on; this LibTorch is found through this.
   export LD_LIBRARY_PATH="$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   for program in "${programs[@]}"; do cp "$prebuilt/$program" "build-gpu/$program" || exit 1; done
 else
-  step "build"
+  step "build (no prebuilt programs for this LibTorch and these sources)"
   cmake --build build-gpu -j "$(nproc)" --target "${programs[@]##*/}" || exit 1
 fi
 

@@ -8,7 +8,8 @@
 # bench_staging) into third_party/prebuilt/: against the same LibTorch wheel as the GPU machines
 # (scripts/requirements.txt pins it), with the test frameworks from third_party/ and no yaml-cpp,
 # so they need nothing there beyond LibTorch, the C and C++ runtimes and zlib. gpu-check.sh runs
-# them when they start there and builds its own otherwise: a build takes minutes of device time.
+# them when they start there and the sources have not changed since (scripts/source-fingerprint.sh;
+# run this again after an edit), and builds its own otherwise: a build takes minutes of device time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=third_party
@@ -46,4 +47,5 @@ done
 rm -rf "$dest/prebuilt" && mkdir -p "$dest/prebuilt"
 (cd build-gpu-prebuilt && cp --parents "${programs[@]}" ../"$dest/prebuilt"/)
 .venv/bin/python -c 'import torch; print(torch.__version__)' > "$dest/prebuilt/torch-version.txt"
+scripts/source-fingerprint.sh > "$dest/prebuilt/sources.sha256"
 du -sh "$dest/prebuilt" && du -sh "$dest"
