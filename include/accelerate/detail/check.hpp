@@ -1,14 +1,11 @@
 // accelerate::Error and ACCELERATE_CHECK, the one way the library reports bad run-time input.
 #pragma once
 
-#include <cstddef>
 #include <initializer_list>
 #include <ostream>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
-#include <utility>
 
 #include <accelerate/detail/linkage.hpp>
 
@@ -22,13 +19,6 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
-
-template <class... Parts>
-std::string concat(const Parts&... parts) {
-  std::ostringstream out;
-  (out << ... << parts);
-  return out.str();
-}
 
 /// One part of an error message: where it is and the function that streams its type. fail()
 /// passes its parts this way to one function that is not a template, so each of the library's

@@ -1,6 +1,8 @@
 // Bodies of check.hpp's type-independent functions (see detail/linkage.hpp).
 #pragma once
 
+#include <sstream>
+
 #include <accelerate/detail/check.hpp>
 
 namespace accelerate::detail {
