@@ -24,11 +24,13 @@
 
 #include "../support/engine_conformance.hpp"
 
+// A collective that never completes fails the run within a minute, not the default 30.
+constexpr auto collective_timeout = std::chrono::seconds(60);
+
 template <class Backend>
 int train() {
   using Acc = accelerate::Accelerator<Backend, accelerate::Bf16, accelerate::Accumulate<2>, accelerate::ClipNorm<>>;
-  // A collective that never completes fails the run within a minute, not the default 30.
-  Acc acc{{.seed = 0, .process_group = {.timeout = std::chrono::seconds(60)}}};
+  Acc acc{{.seed = 0, .process_group = {.timeout = collective_timeout}}};
   torch::nn::Sequential net(torch::nn::Linear(32, 64), torch::nn::ReLU(), torch::nn::Linear(64, 4));
   torch::optim::AdamW adamw(net->parameters(), torch::optim::AdamWOptions(1e-3));
   auto x = torch::randn({512, 32});
@@ -57,7 +59,7 @@ int train() {
 template <class Engine>
 int run_conformance(const std::string& kind) {
   namespace conformance = accelerate::testing::conformance;
-  Engine engine(accelerate::AcceleratorOptions{.process_group = {.timeout = std::chrono::seconds(60)}}, "conformance");
+  Engine engine(accelerate::AcceleratorOptions{.process_group = {.timeout = collective_timeout}}, "conformance");
   int cases = 0, failures = 0;
   auto run = [&](const char* name, auto&& body) {
     ++cases;
