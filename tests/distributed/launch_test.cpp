@@ -167,6 +167,39 @@ TEST(Launch, JoinsWhenAlreadyUnderALauncher) {
   EXPECT_FALSE(std::filesystem::exists(dir / "rank1.pid"));
 }
 
+// What each attempt of rank `rank` wrote: "attempt world allow" lines.
+std::vector<std::string> attempts(const TempDir& dir, int rank) {
+  std::ifstream in(dir / ("env_rank" + std::to_string(rank) + ".txt"));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+TEST(ElasticLaunch, OneProcessIsRestartedToo) {
+  TempDir dir;
+  const auto r = run(std::string(ACCELERATE_LAUNCH_PROBE) + " --nproc 1 --max-restarts 2 --fail-rank 0 --code 7 --pid-dir " +
+                     dir.path().string());
+  EXPECT_EQ(r.code, 7) << r.output;
+  EXPECT_NE(r.output.find("restart 2 of 2 with 1 process(es)"), std::string::npos) << r.output;
+  EXPECT_EQ(attempts(dir, 0), (std::vector<std::string>{"0 1 -", "1 1 -", "2 1 -"})) << r.output;
+}
+
+// A rank that exits with an error code failed in the program (every rank would, again): the job
+// keeps its size. One killed by a signal is lost: the job goes on without it, and only then may
+// load_state change the world size.
+TEST(ElasticLaunch, OnlyARankKilledBySignalShrinksTheJob) {
+  TempDir failed, killed;
+  const std::string probe = std::string(ACCELERATE_LAUNCH_PROBE) + " --nproc 3 --min-nproc 2 --max-restarts 1 --fail-rank 2";
+  const auto error = run(probe + " --code 7 --sleep 2 --pid-dir " + failed.path().string());
+  EXPECT_EQ(error.code, 7) << error.output;
+  EXPECT_NE(error.output.find("restart 1 of 1 with 3 process(es)"), std::string::npos) << error.output;
+  EXPECT_EQ(attempts(failed, 0), (std::vector<std::string>{"0 3 -", "1 3 -"})) << error.output;
+  const auto signal = run(probe + " --signal 9 --sleep 2 --pid-dir " + killed.path().string());
+  EXPECT_EQ(signal.code, 0) << signal.output;  // the survivors finish
+  EXPECT_NE(signal.output.find("restart 1 of 1 with 2 process(es)"), std::string::npos) << signal.output;
+  EXPECT_EQ(attempts(killed, 0), (std::vector<std::string>{"0 3 -", "1 2 1"})) << signal.output;
+}
+
 TEST(Launch, BadFlagsAreErrors) {
   const auto r = run(std::string(ACCELERATE_LAUNCH_PROBE) + " --nproc zero");
   EXPECT_NE(r.code, 0);

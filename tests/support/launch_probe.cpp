@@ -1,10 +1,13 @@
 // A tiny program run through accelerate::launch, for the launcher's tests: every rank writes
-// its pid, one rank may fail with a chosen code, the others sleep until stopped.
+// its pid, and appends what its attempt looked like to env_rank<r>.txt ("attempt world allow",
+// "-" for a variable not set); one rank may fail with a chosen code or signal, the others sleep
+// until stopped.
 #include <accelerate/launch/launch.hpp>
 
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -13,13 +16,14 @@
 
 int main(int argc, char** argv) {
   return accelerate::launch(argc, argv, [](int argc, char** argv) {
-    int fail_rank = -1, code = 0;
+    int fail_rank = -1, code = 0, signal = 0;
     double sleep_seconds = 60;
     std::string pid_dir = ".";
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string flag = argv[i];
       if (flag == "--fail-rank") fail_rank = std::atoi(argv[i + 1]);
       else if (flag == "--code") code = std::atoi(argv[i + 1]);
+      else if (flag == "--signal") signal = std::atoi(argv[i + 1]);
       else if (flag == "--sleep") sleep_seconds = std::atof(argv[i + 1]);
       else if (flag == "--pid-dir") pid_dir = argv[i + 1];
       else {
@@ -32,8 +36,13 @@ int main(int argc, char** argv) {
     std::ofstream(pid_dir + "/rank" + std::to_string(rank) + ".pid")
         << ::getpid() << " " << (std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : "-") << " "
         << (std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "-") << "\n";
+    auto variable = [](const char* name) { return std::string(std::getenv(name) ? std::getenv(name) : "-"); };
+    std::ofstream(pid_dir + "/env_rank" + std::to_string(rank) + ".txt", std::ios::app)
+        << variable("ACCELERATE_RESTART_COUNT") << " " << variable("WORLD_SIZE") << " "
+        << variable("ACCELERATE_ALLOW_WORLD_SIZE_CHANGE") << "\n";
     if (rank == fail_rank) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      if (signal != 0) ::raise(signal);
       return code;
     }
     std::this_thread::sleep_for(std::chrono::duration<double>(sleep_seconds));

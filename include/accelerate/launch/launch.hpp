@@ -23,10 +23,12 @@ namespace accelerate {
 ///     SIGINT/SIGTERM, and when a rank fails stops the others and returns that rank's code;
 ///   - with --max-restarts K, a failed job is started again up to K times (every rank
 ///     restarted, on a new port; ACCELERATE_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT tell
-///     the ranks which attempt they are); with --min-nproc M below N the failed rank counts as
-///     lost and the job restarts on the survivors, never fewer than M, with
-///     ACCELERATE_ALLOW_WORLD_SIZE_CHANGE=1 so that load_state() reshards the checkpoint.
-///     A job ended by SIGINT/SIGTERM is not restarted;
+///     the ranks which attempt they are), also with --nproc 1; with --min-nproc M below N a
+///     rank that died of a signal (killed, out of memory, a crash) counts as lost and the job
+///     restarts on the survivors, never fewer than M, with ACCELERATE_ALLOW_WORLD_SIZE_CHANGE=1
+///     so that load_state() reshards the checkpoint (only once the job has shrunk). A rank that
+///     exited with an error code failed in the program, as every rank would again: the job
+///     restarts at its size. A job ended by SIGINT/SIGTERM is not restarted;
 ///   - multi-node: run it on every node with --nnodes, --node-rank, --master-addr, --master-port;
 ///   - otherwise fn runs once as a single process.
 /// The launcher's flags are removed from argv before fn sees it. Ranks get OMP_NUM_THREADS =
@@ -61,7 +63,7 @@ int launch(int argc, char** argv, Fn&& fn) {
     detail::follow_supervisor();  // a rank of our own launcher dies with it
     return run();
   }
-  if (world == 1) return run();
+  if (world == 1 && options.max_restarts == 0) return run();
 
   try {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -86,7 +88,7 @@ int launch(int argc, char** argv, Fn&& fn) {
           r.env["ACCELERATE_RESTART_COUNT"] = r.env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
           r.env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.max_restarts);
         }
-        if (elastic) r.env["ACCELERATE_ALLOW_WORLD_SIZE_CHANGE"] = "1";
+        if (nproc != options.nproc) r.env["ACCELERATE_ALLOW_WORLD_SIZE_CHANGE"] = "1";  // it shrank
         if (!detail::env_string("OMP_NUM_THREADS"))
           r.env["OMP_NUM_THREADS"] = std::to_string(std::max(1u, cores / static_cast<unsigned>(nproc)));
         ranks.push_back(std::move(r));
@@ -94,7 +96,8 @@ int launch(int argc, char** argv, Fn&& fn) {
       SupervisionReport report;
       const int code = supervise(ranks, options.node_rank * nproc, options.grace_seconds, &report);
       if (code == 0 || report.forwarded_signal || attempt >= options.max_restarts) return code;
-      const int next = elastic && report.failed ? nproc - 1 : nproc;
+      const bool lost = report.failed && report.failed_by_signal;
+      const int next = elastic && lost ? nproc - 1 : nproc;
       if (next < min_nproc) {
         std::cerr << "accelerate launch: not restarting: " << next << " process(es) would remain, below --min-nproc "
                   << min_nproc << std::endl;

@@ -64,6 +64,9 @@ struct RankProcess {
 struct SupervisionReport {
   /// Index (in the list given) of the rank whose failure ended the job; none when all exited 0.
   std::optional<std::size_t> failed;
+  /// Whether that rank died of a signal (killed, out of memory, a crash) rather than exiting
+  /// with an error code.
+  bool failed_by_signal = false;
   /// Whether a SIGINT or SIGTERM was forwarded to the ranks (the job was asked to end).
   bool forwarded_signal = false;
 };

@@ -112,7 +112,10 @@ ACCELERATE_INLINE int supervise(std::vector<RankProcess>& ranks, int first_rank,
         if (failed && !stopping) {
           stopping = true;
           result = detail::exit_code(status);
-          if (report) report->failed = i;
+          if (report) {
+            report->failed = i;
+            report->failed_by_signal = WIFSIGNALED(status);
+          }
           std::cerr << "accelerate launch: rank " << first_rank + static_cast<int>(i) << " (pid " << pid
                     << ") " << detail::describe(status) << "; stopping the other "
                     << running << " rank(s)" << std::endl;
