@@ -239,7 +239,7 @@ class RangeSource {
   }
 
   void start(std::size_t /*epoch*/, std::size_t skip) {
-    taken_ = 0;
+    taken_ = skip;  // remaining() counts from the resumed position (a window's length depends on it)
     if (reader()) {
       iterator_.emplace(range_->begin());
       if (sharing_.dispatch)
@@ -263,7 +263,7 @@ class RangeSource {
     return static_cast<std::size_t>(std::ranges::size(*range_)) / elements_per_batch();
   }
   std::size_t remaining() const {
-    if constexpr (sized) return size() - taken_;
+    if constexpr (sized) return size() - std::min(taken_, size());
     else return 0;  // unknown
   }
   static constexpr std::int64_t remainder() noexcept { return -1; }  // unknown
@@ -342,6 +342,7 @@ class PreparedDataLoader {
     // resharded resume); this run deals the rest. Map-style datasets only.
     std::size_t epoch_start = 0;
     std::size_t iteration = 0;  // begin() calls so far: which loop the live iterators belong to
+    bool resuming = false;      // load_state_dict set the position and no loop has begun since
 
     void set_epoch_start(std::size_t start) {
       epoch_start = start;
@@ -444,6 +445,7 @@ class PreparedDataLoader {
   iterator begin() {
     auto& s = *shared_;
     ++s.iteration;
+    s.resuming = false;
     s.source.start(s.epoch, s.skip_next);
     s.consumed = s.skip_next;
     s.skip_next = 0;
@@ -463,10 +465,18 @@ class PreparedDataLoader {
   /// Batches already yielded in the current epoch.
   std::size_t batches_consumed() const noexcept { return shared_->consumed; }
   /// Sets the epoch the next iteration runs, which fixes its shuffle (Accelerate's set_epoch).
+  /// After load_state, naming the epoch it resumes keeps the position it restored (a loop that
+  /// calls set_epoch at the top of every epoch, as Transformers' Trainer does, resumes where
+  /// the checkpoint was taken, on this number of processes or another); naming another epoch
+  /// starts that epoch from its beginning.
   void set_epoch(std::size_t epoch) noexcept {
-    shared_->epoch = epoch;
-    shared_->consumed = 0;
-    shared_->set_epoch_start(0);
+    auto& s = *shared_;
+    if (s.resuming && epoch == s.epoch) return;
+    if (s.resuming) s.skip_next = 0;  // the restored position belongs to the resumed epoch
+    s.resuming = false;
+    s.epoch = epoch;
+    s.consumed = 0;
+    s.set_epoch_start(0);
   }
   /// The next iteration skips its first `n` batches (this epoch only); returns this loader.
   PreparedDataLoader& skip_first_batches(std::size_t n) noexcept {
@@ -491,8 +501,10 @@ class PreparedDataLoader {
   ///
   /// A state saved by another number of processes resumes by samples: the positions of the
   /// epoch's order that all ranks together consumed are skipped, and the rest of the epoch is
-  /// dealt over this run's ranks, so no sample is repeated or skipped; the epochs after it are
-  /// a fresh run's. A range of batches (no sampler) resumes on another world size only when
+  /// dealt over this run's ranks under the loader's tail rule (each sample once when the
+  /// samples left divide by ranks x batch size; else even_batches wraps around to the first
+  /// ones left, drop_last skips the incomplete last round); the epochs after it are a fresh
+  /// run's. A range of batches (no sampler) resumes on another world size only when
   /// the batches consumed are whole rounds of this world size.
   void load_state_dict(const StateDict& s) {
     auto& sh = *shared_;
@@ -502,6 +514,7 @@ class PreparedDataLoader {
     sh.set_epoch_start(resumed.position.epoch_start);
     sh.consumed = resumed.position.consumed;
     sh.skip_next = resumed.position.consumed;
+    sh.resuming = true;
   }
 
  private:

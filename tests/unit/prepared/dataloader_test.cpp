@@ -121,6 +121,61 @@ TEST(PreparedDataLoader, StateOfAnotherWorldSizeResumesAfterTheSamplesAllRanksCo
   }
 }
 
+// A loop that calls set_epoch at the top of every epoch (Transformers' Trainer) resumes where
+// the checkpoint was taken, whatever number of processes wrote it; naming another epoch starts
+// that one from its beginning.
+TEST(PreparedDataLoader, SetEpochOfTheResumedEpochKeepsTheResumedPosition) {
+  auto data = accelerate::testing::regression_data(48);
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  const accelerate::DataLoaderOptions options{.batch_size = 2, .shuffle = true, .seed = 3};
+  auto [reference] = acc.prepare(accelerate::DataLoader(data, options));
+  std::vector<torch::Tensor> epoch0, epoch1;
+  for (auto& [x, y] : reference) epoch0.push_back(x.clone());
+  for (auto& [x, y] : reference) epoch1.push_back(x.clone());
+
+  // Saved by 2 processes after 6 steps each (24 samples), and by this one after 6 batches.
+  for (const int saved_world : {2, 1}) {
+    auto [loader] = acc.prepare(accelerate::DataLoader(data, options));
+    auto state = loader.state_dict();
+    state.values["world_size"] = saved_world;
+    state.values["batches_consumed"] = 6;
+    state.values["samples_consumed"] = 6 * 2 * saved_world;
+    loader.load_state_dict(state);
+    loader.set_epoch(0);
+    std::size_t k = 6 * static_cast<std::size_t>(saved_world);
+    for (auto& [x, y] : loader) EXPECT_TRUE(torch::equal(x, epoch0[k++])) << "saved by " << saved_world << ", batch " << k;
+    EXPECT_EQ(k, epoch0.size()) << "saved by " << saved_world << ": the samples left, not the whole epoch";
+    loader.set_epoch(1);
+    k = 0;
+    for (auto& [x, y] : loader) EXPECT_TRUE(torch::equal(x, epoch1[k++]));
+    EXPECT_EQ(k, epoch1.size());
+
+    auto [other] = acc.prepare(accelerate::DataLoader(data, options));
+    other.load_state_dict(state);
+    other.set_epoch(1);  // not the resumed epoch: all of epoch 1
+    k = 0;
+    for (auto& [x, y] : other) EXPECT_TRUE(torch::equal(x, epoch1[k++]));
+    EXPECT_EQ(k, epoch1.size()) << "saved by " << saved_world;
+  }
+}
+
+// A range resumed mid-epoch: its last, short accumulation window is divided by its own length.
+TEST(PreparedDataLoader, AResumedRangeCountsTheBatchesLeft) {
+  accelerate::Accelerator<accelerate::SingleProcess, accelerate::Fp32, accelerate::Accumulate<4>> acc{{.cpu = true}};
+  torch::nn::Linear net(torch::nn::LinearOptions(1, 1).bias(false));
+  std::vector<torch::Tensor> batches(10, torch::ones({1, 1}));
+  auto [model, loader] = acc.prepare(net, batches);
+  std::size_t seen = 0;
+  for (auto& x : accelerate::skip_first_batches(loader, 8)) {
+    auto step = acc.accumulate(model);
+    acc.backward(model(x).sum());  // each micro-step adds 1 / (window length)
+    ++seen;
+    EXPECT_EQ(acc.gradient_state().remaining(), 10 - 8 - seen + 1);
+  }
+  EXPECT_EQ(seen, 2u);
+  EXPECT_DOUBLE_EQ(net->weight.grad().item<double>(), 1.0) << "the window of the 2 batches left is divided by 2";
+}
+
 TEST(PreparedDataLoader, StateFromAnotherBatchingIsAnError) {
   accelerate::Accelerator<> acc{{.cpu = true}};
   auto [loader] = acc.prepare(accelerate::DataLoader(accelerate::testing::regression_data(40), {.batch_size = 4}));
