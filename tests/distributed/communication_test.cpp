@@ -329,21 +329,13 @@ TEST(BucketViews, AUserAssignedGradIsCopiedInAndReplacedByTheView) {
   ASSERT_EQ(job.exit_code, 0) << job.logs();
 }
 
-// The lines of ACCELERATE_TEST_ARGS.
-std::vector<std::string> arg_lines() {
-  std::vector<std::string> lines;
-  std::istringstream in(test_args());
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
 // Six synchronised steps of the reversed model with PowerSGD from round 3; the first job saves
 // after step `save_at` (third argument, default 2, counted from 0) and goes on, the second
 // loads that checkpoint and does the remaining steps ("resume_other_world": on another number
 // of processes). Each step's data depends only on the rank and the step. Writes the final
 // parameters, the bucket layout at the checkpoint and the bytes of the steps after it.
 ACCELERATE_WORKER(resume_layout) {
-  const auto args = arg_lines();
+  const auto args = accelerate::testing::worker_arguments();
   const bool resume = args.at(0) != "straight";
   const std::filesystem::path dir = args.at(1);
   const int save_at = args.size() > 2 ? std::stoi(args.at(2)) : 2;

@@ -41,6 +41,14 @@ std::filesystem::path job_dir() {
   return dir ? dir : ".";
 }
 
+std::vector<std::string> worker_arguments() {
+  const char* text = std::getenv("ACCELERATE_TEST_ARGS");  // one per line (run_job)
+  std::vector<std::string> lines;
+  std::istringstream in(text ? text : "");
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
 JobResult run_job(const std::string& name, const JobOptions& options) {
   std::string pattern = (std::filesystem::temp_directory_path() / "accelerate-job-XXXXXX").string();
   JobResult result;

@@ -57,6 +57,9 @@ JobResult run_job(const std::string& name, const JobOptions& options);
 /// This worker's job folder (ACCELERATE_TEST_DIR).
 std::filesystem::path job_dir();
 
+/// This worker's arguments (JobOptions::args), one per element.
+std::vector<std::string> worker_arguments();
+
 /// Saves/loads a tensor as raw float64 (test outputs exchanged between processes).
 void save_tensor(const std::filesystem::path& path, const torch::Tensor& t);
 torch::Tensor load_tensor(const std::filesystem::path& path);
