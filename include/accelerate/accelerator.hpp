@@ -399,8 +399,16 @@ class Accelerator {
   ///   acc.save_model(model, "out", {.max_shard_size = "1GB"});
   template <class Model>
   void save_model(const Model& model, const std::filesystem::path& dir, const SaveModelOptions& options = {}) {
-    distributed::save_model_files(ctx_.engine, module_of(model), dir, options);  // collective when sharded
-    wait_for_everyone();
+    std::exception_ptr failure;  // the main process's write failing ends save_model on every rank
+    try {
+      distributed::save_model_files(ctx_.engine, module_of(model), dir, options);  // collective when sharded
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    const int failed = first_failed_rank(failure != nullptr);
+    if (failure) std::rethrow_exception(failure);
+    ACCELERATE_CHECK(failed < 0, "save_model: rank ", failed, " failed writing ", dir.string(),
+                     " (its own error names the cause); the folder is as it was");
   }
 
   /// A model's full parameters and buffers under their unwrapped names (Accelerate's
@@ -866,7 +874,20 @@ class Accelerator {
             [this] { wait_for_everyone(); },
             ctx_.core.options.process_group.timeout,
             [this](const std::filesystem::path& dir) { ctx_.core.state_hooks.run_save(dir); },
-            [this](const std::filesystem::path& dir) { ctx_.core.state_hooks.run_load(dir); }};
+            [this](const std::filesystem::path& dir) { ctx_.core.state_hooks.run_load(dir); },
+            [this](bool failed) { return first_failed_rank(failed); }};
+  }
+
+  /// The lowest rank that passes true, or -1 when none does: how the ranks agree that a step
+  /// one of them failed alone is over for all (collective: one small all-reduce).
+  int first_failed_rank(bool failed) {
+    int first = failed ? process_index() : num_processes();
+    if constexpr (distributed) {
+      at::Tensor rank = at::full({1}, first, at::TensorOptions().dtype(at::kInt)).to(ctx_.engine.collective_device());
+      ctx_.engine.all_reduce(rank, Reduction::min);
+      first = rank.cpu().item<int>();
+    }
+    return first < num_processes() ? first : -1;
   }
 
   static const AcceleratorOptions& validated(const AcceleratorOptions& options) {
@@ -966,7 +987,13 @@ class Accelerator {
     } else if constexpr (MapDataset<U>) {
       return prepare_data(DataLoader<U>(detail::hold(std::forward<D>(data))));
     } else {
-      auto held = detail::hold(std::forward<D>(data));
+      auto held = [&] {
+        // A const range is only read: it is referred to as const (the caller keeps it alive).
+        if constexpr (std::is_lvalue_reference_v<D> && std::is_const_v<std::remove_reference_t<D>>)
+          return std::shared_ptr<const U>(std::shared_ptr<void>{}, &data);
+        else
+          return detail::hold(std::forward<D>(data));
+      }();
       using Range = typename decltype(held)::element_type;
       using Source = detail::RangeSource<Range, engine_type>;
       const detail::RangeSharing sharing{.world_size = static_cast<std::size_t>(num_processes()),
@@ -1001,25 +1028,37 @@ class Accelerator {
   void adopt_training_state_from(int root) {
     using Kind = checkpoint::Entry::Kind;
     using Packed = std::pair<std::string, std::map<std::string, at::Tensor>>;
-    auto adopt = [&](const checkpoint::Entry& entry) {
-      const bool mine = process_index() == root;
-      Packed sent;
-      if (mine) {
-        StateDict state = entry.save();
-        sent = {state.values.dump(), std::move(state.tensors)};
+    std::vector<const checkpoint::Entry*> entries;
+    for (const auto& entry : ctx_.core.checkpoint.objects())
+      if (entry.kind == Kind::optimizer || entry.kind == Kind::scheduler) entries.push_back(&entry);
+    for (const auto& entry : ctx_.core.checkpoint.step_states())
+      if (entry.kind == Kind::scaler || entry.kind == Kind::micro_step) entries.push_back(&entry);
+    // The root takes every state first: one it cannot take ends the scope on every rank
+    // instead of leaving the others in a broadcast it never joins.
+    const bool mine = process_index() == root;
+    std::vector<Packed> sent(mine ? entries.size() : 0);
+    std::exception_ptr failure;
+    try {
+      for (std::size_t i = 0; i < sent.size(); ++i) {
+        StateDict state = entries[i]->save();
+        sent[i] = {state.values.dump(), std::move(state.tensors)};
       }
-      const auto packed = distributed::broadcast_packed(ctx_.engine, &sent, root);
-      if (mine || !packed) return;
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    const int failed = first_failed_rank(failure != nullptr);
+    if (failure) std::rethrow_exception(failure);
+    ACCELERATE_CHECK(failed < 0, "join_uneven_inputs: rank ", failed, ", the last to finish, could not share its "
+                     "optimizer, scheduler and scaler state (its own error names the cause)");
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const auto packed = distributed::broadcast_packed(ctx_.engine, mine ? &sent[i] : nullptr, root);
+      if (mine || !packed) continue;
       auto [values, tensors] = data::unpack_batch<Packed>(packed->first, packed->second);
       StateDict state;
       state.values = nlohmann::json::parse(values);
       state.tensors = std::move(tensors);
-      entry.load(state);
-    };
-    for (const auto& entry : ctx_.core.checkpoint.objects())
-      if (entry.kind == Kind::optimizer || entry.kind == Kind::scheduler) adopt(entry);
-    for (const auto& entry : ctx_.core.checkpoint.step_states())
-      if (entry.kind == Kind::scaler || entry.kind == Kind::micro_step) adopt(entry);
+      entries[i]->load(state);
+    }
   }
 
   /// A seed drawn from torch's CPU generator on rank 0 and shared by all ranks.

@@ -147,7 +147,8 @@ struct PowerSgdOptions {
   /// Rank r of the approximation (matrix_approximation_rank): more is closer and costlier.
   int rank = 1;
   /// Synchronised steps sent uncompressed before compression starts (start_powerSGD_iter):
-  /// early gradients change fast and PowerSGD follows them poorly.
+  /// early gradients change fast and PowerSGD follows them poorly. At least 2 with
+  /// error_feedback or warm_start, as torch requires (the first step rebuilds the buckets).
   std::size_t start_iteration = 1000;
   /// Add what compression lost in the last step to this one's gradient before compressing
   /// (error feedback), at the price of one copy of the compressed gradients.
@@ -221,6 +222,12 @@ struct DdpOptions {
   /// Example (the least memory stage 3 can train in, bench/README.md):
   ///   Acc acc{{.ddp = {.prefetch_units = false, .sharded_buckets_in_flight = 0}}};
   std::size_t sharded_buckets_in_flight = 2;
+  /// join_uneven_inputs: what a step's gradient sum is divided by. False (the default): the
+  /// ranks that trained in that step, so every step's gradient is a mean over real samples.
+  /// True: the initial world size, as PyTorch DDP's join hook by default
+  /// (divide_by_initial_world_size=True, so Accelerate's join_uneven_inputs): the ranks that
+  /// ran out count as zeros, and the steps after the first rank ran out move less.
+  bool join_divide_by_initial_world_size = false;
 };
 
 /// How prepared dataloaders shard (Accelerate's DataLoaderConfiguration).

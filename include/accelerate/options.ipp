@@ -22,6 +22,14 @@ ACCELERATE_INLINE void validate(const AcceleratorOptions& o) {
   ACCELERATE_CHECK(std::isfinite(o.ddp.power_sgd.min_compression_rate) && o.ddp.power_sgd.min_compression_rate > 0,
                    "AcceleratorOptions::ddp.power_sgd.min_compression_rate must be a positive number, got ",
                    o.ddp.power_sgd.min_compression_rate);
+  // As torch's PowerSGD hook: error feedback and warm start keep state across steps, and the
+  // first synchronised step rebuilds the buckets in arrival order, which discards that state.
+  ACCELERATE_CHECK(o.ddp.compression != GradientCompression::power_sgd ||
+                       !(o.ddp.power_sgd.error_feedback || o.ddp.power_sgd.warm_start) ||
+                       o.ddp.power_sgd.start_iteration > 1,
+                   "AcceleratorOptions::ddp.power_sgd.start_iteration must be > 1 with error_feedback or "
+                   "warm_start (the first synchronised step rebuilds the buckets, discarding their state), got ",
+                   o.ddp.power_sgd.start_iteration);
   const auto& s = o.precision.grad_scaler;
   ACCELERATE_CHECK(s.init_scale > 0 && std::isfinite(s.init_scale),
                    "AcceleratorOptions::precision.grad_scaler.init_scale must be positive, got ", s.init_scale);
@@ -62,6 +70,7 @@ ACCELERATE_INLINE std::string fingerprint(std::string_view slots, const Accelera
   for (std::size_t i = 0; i < o.ddp.shard_units.size(); ++i)
     out << (i == 0 ? " ddp.shard_units=" : ",") << o.ddp.shard_units[i];
   if (o.accumulation.sync_each_batch) out << " accumulation.sync_each_batch=1";
+  if (o.ddp.join_divide_by_initial_world_size) out << " ddp.join_divide_by_initial_world_size=1";
   if (o.accumulation.loss_divisor == LossDivisor::num_steps) out << " accumulation.loss_divisor=num_steps";
   if (o.ddp.compression != GradientCompression::none) {
     out << " ddp.compression=" << to_string(o.ddp.compression);

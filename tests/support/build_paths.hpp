@@ -39,3 +39,4 @@ inline const char* build_path(const std::string& name) {
 #define ACCELERATE_INTEROP_SCRIPT (::accelerate::testing::build_path("ACCELERATE_INTEROP_SCRIPT"))
 #define ACCELERATE_LAUNCH_PROBE (::accelerate::testing::build_path("ACCELERATE_LAUNCH_PROBE"))
 #define ACCELERATE_TRAINER (::accelerate::testing::build_path("ACCELERATE_TRAINER"))
+#define ACCELERATE_BASELINE_DIR (::accelerate::testing::build_path("ACCELERATE_BASELINE_DIR"))

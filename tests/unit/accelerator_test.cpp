@@ -202,6 +202,13 @@ TEST(Accelerator, InvalidOptionsNameTheField) {
             std::string::npos);
   EXPECT_NE(message({.project = {.automatic_checkpoint_naming = true}}).find("project_dir"),
             std::string::npos);
+  // PowerSGD's state needs two uncompressed rounds first, as torch's hook says.
+  accelerate::AcceleratorOptions power_sgd;
+  power_sgd.ddp.compression = accelerate::GradientCompression::power_sgd;
+  power_sgd.ddp.power_sgd.start_iteration = 1;
+  EXPECT_NE(message(power_sgd).find("power_sgd.start_iteration must be > 1"), std::string::npos) << message(power_sgd);
+  power_sgd.ddp.power_sgd.error_feedback = power_sgd.ddp.power_sgd.warm_start = false;
+  EXPECT_EQ(message(power_sgd), "no error");
 }
 
 TEST(Accelerator, PrepareReturnsTypedWrappersInOrder) {

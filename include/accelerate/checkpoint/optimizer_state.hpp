@@ -1,7 +1,7 @@
 // Optimizer state as a StateDict, without pickle: per-parameter tensors (momentum, Adam
 // moments) keyed "state.<i>.<name>", and step counts plus param-group hyperparameters in
-// JSON, for torch::optim's SGD, Adam, AdamW, RMSprop and Adagrad. Parameters are numbered
-// across param groups in order, as in PyTorch's optimizer.state_dict().
+// JSON, for torch::optim's SGD, Adam, AdamW, RMSprop, Adagrad and LBFGS. Parameters are
+// numbered across param groups in order, as in PyTorch's optimizer.state_dict().
 #pragma once
 
 #include <memory>
@@ -13,6 +13,7 @@
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/lbfgs.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
@@ -114,10 +115,21 @@ bool try_with_state_type(const torch::optim::Optimizer& optimizer, Fn&& fn) {
 template <class Fn>
 void with_state_type(const torch::optim::Optimizer& optimizer, Fn&& fn) {
   if (try_with_state_type(optimizer, std::forward<Fn>(fn))) return;
-  accelerate::detail::fail("optimizer state: only torch::optim SGD, Adam, AdamW, RMSprop and Adagrad "
+  accelerate::detail::fail("optimizer state: only torch::optim SGD, Adam, AdamW, RMSprop, Adagrad and LBFGS "
                            "have a built-in checkpoint encoding; give your optimizer state_dict() and "
                            "load_state_dict(const accelerate::StateDict&) members");
 }
+
+/// Each state records the names of the tensors saved with it ("tensors"); one of them missing
+/// (a tensors file lost beside its JSON) is an error naming it, not an optimizer that resumes
+/// without its moments.
+void check_listed_tensors(const nlohmann::json& state, const StateDict& saved, const std::string& key);
+
+/// LBFGS's encoding (one state for all parameters, a history of tensors): optimizer_state.hpp's
+/// functions call these for a torch::optim::LBFGS.
+StateDict lbfgs_state_dict(torch::optim::LBFGS& optimizer);
+void check_lbfgs_state_dict(torch::optim::LBFGS& optimizer, const StateDict& saved);
+void load_lbfgs_state_dict(torch::optim::LBFGS& optimizer, const StateDict& saved);
 
 }  // namespace accelerate::detail
 
@@ -125,6 +137,9 @@ namespace accelerate::checkpoint {
 
 /// The optimizer's state: `values` = {"type", "param_groups": [{hyperparameters, "params":
 /// [indices]}], "state": {"<i>": {"step": n}}}, `tensors` = {"state.<i>.<name>": tensor}.
+/// LBFGS keeps one state for all its parameters, under index 0: its counters and its last
+/// step size and loss in JSON, its direction, last flat gradient and Hessian scale as tensors,
+/// and its history as numbered tensors ("state.0.old_dirs.<k>", ...), PyTorch's fields.
 StateDict optimizer_state_dict(torch::optim::Optimizer& optimizer);
 
 /// Finds every problem load_optimizer_state_dict would meet (another optimizer type, other

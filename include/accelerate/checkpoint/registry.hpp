@@ -37,7 +37,9 @@ enum class EntryOwner {
 /// applies such entries last, so it never has to undo them). `reshard`, for state each rank
 /// owns, makes this rank's state out of every saved rank's, for a checkpoint written by
 /// another number of processes (a sharded optimizer re-cuts its slices); without it such a
-/// checkpoint is refused.
+/// checkpoint is refused. `laid_out_otherwise`, with `reshard`, tells from this rank's saved
+/// state that the same number of processes cut it otherwise (another ZeRO stage or bucket
+/// size, which the configuration check let through): it is re-cut as well.
 struct Entry {
   /// What the entry is: it names its file (state_stem) and is counted in the manifest.
   /// `scaler`, `micro_step` and `gradient_sync` (a prepared model's bucket layout) are the
@@ -49,6 +51,7 @@ struct Entry {
   std::function<void(const StateDict&)> load;
   std::function<void(const StateDict&)> check = {};
   std::function<StateDict(const std::vector<StateDict>& saved_by_rank)> reshard = {};
+  std::function<bool(const StateDict& saved)> laid_out_otherwise = {};
 };
 
 /// Whether entries of `kind` are the accelerator's step states rather than objects (not

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -161,7 +162,18 @@ struct StateSources {
   /// (StateHooks::run_save), and with the folder to load once verified (run_load).
   std::function<void(const std::filesystem::path&)> before_save = {};
   std::function<void(const std::filesystem::path&)> before_load = {};
+  /// Collective: the lowest rank that passes true, or -1 when none does (one small
+  /// all-reduce). Unset: this process alone.
+  std::function<int(bool failed)> first_failed_rank = {};
 };
+
+/// Runs this rank's part of a collective step of save_state, then agrees with every rank on
+/// whether it failed anywhere (collective, even when `step` throws): an error on one rank (an
+/// object whose state_dict() throws, a file that cannot be written) is raised on every rank,
+/// this rank's own or one naming the first rank that failed, and `on_failure` runs first on
+/// every rank. So no rank is left waiting in a collective the failing rank never reaches.
+void agreed_step(const StateSources& src, const std::string& doing, const std::function<void()>& step,
+                 const std::function<void()>& on_failure = {});
 
 /// The folder save_state() writes: `dir` when given, else the next automatic checkpoint. The
 /// number skips past checkpoints already in the folder (a new run in an old project), so an
@@ -206,6 +218,10 @@ at::Tensor host_copy(const at::Tensor& t, const at::Tensor& spare = {});
 SavePlan plan_save(const StateSources& src, ProjectConfiguration& project,
                    const std::optional<std::filesystem::path>& dir, bool copy,
                    const std::vector<at::Tensor>& spares = {});
+
+/// plan_save's second half: every object's state into `plan` (its files and, on the main
+/// rank, the manifest), copied to host memory with `copy`.
+void take_state(const StateSources& src, SavePlan& plan, bool copy, const std::vector<at::Tensor>& spares);
 
 /// Writes this rank's files of `plan` into the staging folder, each fsynced.
 inline void write_planned_files(const SavePlan& plan) {

@@ -165,7 +165,8 @@ ACCELERATE_INLINE SavePlan plan_save(const StateSources& src, ProjectConfigurati
   plan.rank = src.rank;
   plan.world_size = src.world_size;
   const fs::path staging = staging_path(plan.target);
-  if (src.rank == 0) {
+  agreed_step(src, "save_state: making the staging folder of " + plan.target.string(), [&] {
+    if (src.rank != 0) return;
     const fs::path parent = plan.target.parent_path().empty() ? fs::path(".") : plan.target.parent_path();
     fs::create_directories(parent);
     if (!dir) {  // leftovers of saves or rotations a crash interrupted
@@ -180,15 +181,29 @@ ACCELERATE_INLINE SavePlan plan_save(const StateSources& src, ProjectConfigurati
     std::random_device entropy;
     const auto id = (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy();
     std::ofstream(staging / save_id_marker) << id;
-  }
-  src.barrier();
-  {
+  });
+  // From here a failure anywhere leaves the previous checkpoint as it was: the staging folder goes.
+  const auto abandon = [&] {
+    std::error_code ec;
+    if (src.rank == 0) fs::remove_all(staging, ec);
+  };
+  agreed_step(src, "save_state: taking the state of every object", [&] {
     std::ifstream in(staging / save_id_marker);
     in >> plan.save_id;
     ACCELERATE_CHECK(!plan.save_id.empty(), "save_state: ", (staging / save_id_marker).string(), " is missing "
                      "(the checkpoint folder must be on a file system every rank sees)");
+    take_state(src, plan, copy, spares);
+  }, abandon);
+  if (!dir && project.total_limit) {
+    plan.rotate_under = project.project_dir / "checkpoints";
+    plan.total_limit = project.total_limit;
   }
+  ++project.iteration;
+  return plan;
+}
 
+ACCELERATE_INLINE void take_state(const StateSources& src, SavePlan& plan, bool copy,
+                                  const std::vector<at::Tensor>& spares) {
   // Objects and the scaler get a file each, written by the ranks that own them; this rank's
   // own step states (the micro-step counter) join its RNGs in random_states_<rank>.
   auto taken = [&](StateDict state) {
@@ -229,12 +244,26 @@ ACCELERATE_INLINE SavePlan plan_save(const StateSources& src, ProjectConfigurati
                    {"configuration", src.configuration},
                    {"objects", objects},
                    {"save_id", plan.save_id}};
-  if (!dir && project.total_limit) {
-    plan.rotate_under = project.project_dir / "checkpoints";
-    plan.total_limit = project.total_limit;
+}
+
+ACCELERATE_INLINE void agreed_step(const StateSources& src, const std::string& doing,
+                                   const std::function<void()>& step, const std::function<void()>& on_failure) {
+  std::exception_ptr failure;
+  try {
+    step();
+  } catch (...) {
+    failure = std::current_exception();
   }
-  ++project.iteration;
-  return plan;
+  const bool failed_here = failure != nullptr;
+  const int first = src.first_failed_rank ? src.first_failed_rank(failed_here) : failed_here ? src.rank : -1;
+  if (first < 0) return;
+  if (on_failure) {
+    on_failure();
+    src.barrier();  // every rank raises once the cleanup is done
+  }
+  if (failure) std::rethrow_exception(failure);
+  detail::fail(doing, ": rank ", first, " failed (its own error names the cause); no checkpoint was published "
+               "and the previous one is as it was");
 }
 
 ACCELERATE_INLINE void publish_plan(const SavePlan& plan) {
@@ -272,12 +301,20 @@ ACCELERATE_INLINE void publish_plan(const SavePlan& plan) {
 
 ACCELERATE_INLINE std::filesystem::path save_state(const StateSources& src, ProjectConfiguration& project,
                                                    const std::optional<std::filesystem::path>& dir) {
+  namespace fs = std::filesystem;
   const SavePlan plan = plan_save(src, project, dir, /*copy=*/false);
-  if (src.before_save) src.before_save(staging_path(plan.target));
-  write_planned_files(plan);
-  src.barrier();
-  if (src.rank == 0) publish_plan(plan);
-  src.barrier();
+  const fs::path staging = staging_path(plan.target);
+  const auto abandon = [&] {
+    std::error_code ec;
+    if (src.rank == 0) fs::remove_all(staging, ec);
+  };
+  agreed_step(src, "save_state: writing " + staging.string(), [&] {
+    if (src.before_save) src.before_save(staging);
+    write_planned_files(plan);
+  }, abandon);
+  agreed_step(src, "save_state: publishing " + plan.target.string(), [&] {
+    if (src.rank == 0) publish_plan(plan);
+  }, abandon);
   return plan.target;
 }
 
@@ -359,7 +396,12 @@ ACCELERATE_INLINE std::filesystem::path save_state_async(const StateSources& src
                                                          BackgroundSave& background) {
   background.finish(src);
   SavePlan plan = plan_save(src, project, dir, /*copy=*/true, background.spares());
-  if (src.before_save) src.before_save(staging_path(plan.target));  // on the training thread
+  agreed_step(src, "save_state: preparing " + staging_path(plan.target).string(), [&] {
+    if (src.before_save) src.before_save(staging_path(plan.target));  // on the training thread
+  }, [&] {
+    std::error_code ec;
+    if (src.rank == 0) std::filesystem::remove_all(staging_path(plan.target), ec);
+  });
   auto target = plan.target;
   background.start(std::move(plan), src.timeout);
   return target;
@@ -477,11 +519,13 @@ ACCELERATE_INLINE std::filesystem::path load_state(const StateSources& src, Proj
       const bool values = path_exists(source / (stem + ".json"), "load_state");
       Pending p{&entry, (source / stem).string() +
                             (tensors && values ? ".{safetensors,json}" : tensors ? ".safetensors" : ".json"), {}};
+      bool recut = false;
       with_files(p.files, [&] {
         p.state = read_state_files(source, stem);
-        if (entry.check) entry.check(p.state);
+        recut = entry.reshard && entry.laid_out_otherwise && entry.laid_out_otherwise(p.state);
+        if (!recut && entry.check) entry.check(p.state);
       });
-      pending.push_back(std::move(p));
+      pending.push_back(recut ? resharded(entry, index, source, saved_world, with_files) : std::move(p));
     }
   }
 

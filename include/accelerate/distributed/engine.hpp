@@ -129,6 +129,16 @@ void step_optimizer(E& engine, Optimizer& optimizer) {
   else optimizer.step();
 }
 
+/// A prepared optimizer's zero_grad on an accumulation boundary. Default: the optimizer's own,
+/// which clears every parameter's .grad. A sharded engine's optimizer holds this rank's slices,
+/// so it also clears the model parameters' local gradients (those accumulated off the
+/// boundary), which data parallel's zero_grad would have cleared.
+template <class E>
+void zero_grad(E& engine, torch::optim::Optimizer& optimizer, bool set_to_none) {
+  if constexpr (requires { engine.zero_grad(optimizer, set_to_none); }) engine.zero_grad(optimizer, set_to_none);
+  else optimizer.zero_grad(set_to_none);
+}
+
 /// Whether engine E runs optimizer steps itself (it declares step_optimizer): then every
 /// prepared optimizer's step() goes through it, whatever the other policies.
 template <class E>

@@ -26,7 +26,8 @@ namespace accelerate::distributed {
 ///   - a rank that ran out adds zeros, then shadows what the others do next: rank r's buffer
 ///     broadcast (r = the lowest rank still training) and, if any of them synchronises, one
 ///     reducer round of zeros (GradientReducer::shadow_round).
-/// Gradients are averaged over the ranks that trained in that step; a step synchronises on
+/// Gradients are averaged over the ranks that trained in that step (or, with
+/// `divide_by_initial_world_size`, summed and divided by the world size); a step synchronises on
 /// every training rank when it does on one. When the sum says no rank trains any more, every
 /// rank leaves, and each model's parameters and broadcast buffers are broadcast from the rank
 /// that ran the most forwards (the last to run out; the lowest such rank).
@@ -42,10 +43,13 @@ class JoinContext {
     int training_ranks = 0;
     bool sync = false;
     int buffer_root = 0;
+    int divisor = 0;  // what this step's gradient sum is divided by
   };
 
-  JoinContext(std::shared_ptr<Communicator> comm, std::vector<Member> members, c10::Device device)
-      : comm_(std::move(comm)), members_(std::move(members)), device_(device) {}
+  JoinContext(std::shared_ptr<Communicator> comm, std::vector<Member> members, c10::Device device,
+              bool divide_by_initial_world_size = false)
+      : comm_(std::move(comm)), members_(std::move(members)), device_(device),
+        divide_by_initial_world_size_(divide_by_initial_world_size) {}
 
   /// A training rank, before model `model`'s forward (`sync`: its backward synchronises).
   Notice announce_forward(std::size_t model, bool sync);
@@ -68,6 +72,7 @@ class JoinContext {
   std::shared_ptr<Communicator> comm_;
   std::vector<Member> members_;
   c10::Device device_;
+  bool divide_by_initial_world_size_;
   std::size_t forwards_ = 0;  // forwards this rank announced
 };
 

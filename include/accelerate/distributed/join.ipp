@@ -22,7 +22,7 @@ ACCELERATE_INLINE int JoinContext::join() {
     if (notice.training_ranks == 0) break;
     Member& member = members_[model];
     if (!member.buffers.empty()) broadcast_flat(*comm_, member.buffers, notice.buffer_root);
-    if (notice.sync) member.reducer->shadow_round(notice.training_ranks);
+    if (notice.sync) member.reducer->shadow_round(notice.divisor);
   }
   return sync_from_last_to_finish();
 }
@@ -38,6 +38,7 @@ ACCELERATE_INLINE std::pair<std::size_t, JoinContext::Notice> JoinContext::read(
   Notice notice;
   notice.training_ranks = static_cast<int>(v[0]);
   notice.sync = v[1] > 0;
+  notice.divisor = divide_by_initial_world_size_ ? comm_->world_size() : notice.training_ranks;
   std::size_t model = 0;
   for (std::size_t m = 0; m < members_.size(); ++m)
     if (v[2 + m] > 0) model = m;

@@ -47,7 +47,8 @@ class ReducerHandle {
   explicit ReducerHandle(std::shared_ptr<GradientReducer> reducer, std::vector<at::Tensor> buffers = {},
                          std::shared_ptr<Communicator> comm = {})
       : reducer_(std::move(reducer)), buffers_(std::move(buffers)), comm_(std::move(comm)) {}
-  /// Before a forward pass: rank 0's buffers to every rank. Every rank must run the forward
+  /// Before a forward pass: what a backward that threw left behind is cleared
+  /// (GradientReducer::recover_abandoned_backward), then rank 0's buffers to every rank. Every rank must run the forward
   /// (as with DDP); DdpOptions::broadcast_buffers = false turns this off. Inside
   /// join_uneven_inputs the forward is first announced to the ranks that ran out (JoinContext),
   /// and the buffers come from the lowest rank still training.
@@ -179,6 +180,7 @@ class ProcessGroupCore {
   ProcessEnvironment env_;
   std::size_t store_checks_ = 0;
   std::chrono::milliseconds timeout_;
+  bool join_divide_by_initial_world_size_;  // DdpOptions::join_divide_by_initial_world_size
   c10::Device collective_device_;
   compat::StorePtr store_;
   std::shared_ptr<Heartbeat> heartbeat_;

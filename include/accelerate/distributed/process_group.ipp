@@ -9,11 +9,13 @@
 namespace accelerate::distributed {
 
 ACCELERATE_INLINE void ReducerHandle::before_forward() {
+  if (reducer_) reducer_->recover_abandoned_backward();  // before the join sets up this round
   int root = 0;
   if (reducer_ && reducer_->join()) {
     const bool sync = reducer_->sync_enabled() && torch::autograd::GradMode::is_enabled();
     const auto notice = reducer_->join()->announce_forward(reducer_->join_index(), sync);
-    reducer_->prepare_joined_round(notice.training_ranks, notice.sync);
+    reducer_->prepare_joined_round(notice.divisor, notice.sync);
+    reducer_->expect_sync_as_announced(reducer_->sync_enabled());
     root = notice.buffer_root;
   }
   if (comm_ && !buffers_.empty()) broadcast_flat(*comm_, buffers_, root);
@@ -64,6 +66,7 @@ ACCELERATE_INLINE compat::BackendPtr GlooFactory::create(compat::StorePtr store,
 ACCELERATE_INLINE ProcessGroupCore::ProcessGroupCore(const AcceleratorOptions& options, std::string_view fingerprint,
                                                      ProcessGroupTransport transport)
     : transport_(transport), env_(detect_environment()), timeout_(options.process_group.timeout),
+      join_divide_by_initial_world_size_(options.ddp.join_divide_by_initial_world_size),
       collective_device_(transport.device(env_, options)) {
   if (!env_.launched()) return;
   const bool verify = options.process_group.verify_collectives || debug_mode_from_environment();
@@ -126,7 +129,8 @@ ACCELERATE_INLINE JoinScope ProcessGroupCore::join_uneven_inputs(const std::vect
                      "scope (scopes do not nest)");
     members.push_back({model->shared_reducer(), model->broadcast_buffers()});
   }
-  auto context = std::make_shared<JoinContext>(comm_, std::move(members), collective_device_);
+  auto context =
+      std::make_shared<JoinContext>(comm_, std::move(members), collective_device_, join_divide_by_initial_world_size_);
   for (std::size_t m = 0; m < context->members().size(); ++m) context->members()[m].reducer->set_join(context, m);
   return JoinScope([context, adopt = std::move(adopt)] {
                      const int root = context->join();

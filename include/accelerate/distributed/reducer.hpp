@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -183,6 +184,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     divisor_ = ranks;
     force_sync_ = force_sync;
   }
+  /// Under join_uneven_inputs: this rank announced its forward with sync `enabled`; a backward
+  /// whose sync differs (no_sync opened or closed between the two) is an error, since the
+  /// ranks that ran out shadow what was announced.
+  void expect_sync_as_announced(bool enabled) noexcept { announced_sync_ = enabled ? 1 : 0; }
   /// A rank that ran out of batches matches one synchronised backward of the others: every
   /// bucket goes out as zeros, in the same collectives (compressed, with the unused-parameter
   /// bitmap, the arrival-order broadcast), averaged over `ranks`.
@@ -191,6 +196,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   void set_join(std::shared_ptr<JoinContext> join, std::size_t index) noexcept {
     join_ = std::move(join);
     join_index_ = index;
+    announced_sync_ = -1;
   }
   const std::shared_ptr<JoinContext>& join() const noexcept { return join_; }
   std::size_t join_index() const noexcept { return join_index_; }
@@ -292,6 +298,13 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   void prefetch_unit(std::size_t unit) {
     if (options_.prefetch_units) start_gather(unit);
   }
+
+  /// After a backward pass that an exception ended (an out-of-memory error, a hook that threw):
+  /// its round is closed (the collectives it launched are waited for, so every rank's next
+  /// collective pairs with the same one) and, at stage 3, the units it left gathered are
+  /// released. The next synchronised backward calls it, and so does a stage-3 forward before
+  /// it gathers anything; nothing happens when no backward was abandoned.
+  void recover_abandoned_backward();
 
   /// Makes `unit`'s parameters whole: waits for its prefetch, or gathers it now.
   void gather_unit(std::size_t unit);
@@ -397,10 +410,18 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
 
   void open_round(bool from_backward);
 
+  // Queues `finish` to run when the current backward pass ends. Autograd drops the callbacks
+  // of a backward that an exception ends, destroying them unrun: then `abandoned` is raised,
+  // and the next round or forward recovers (recover_abandoned_backward).
+  void at_end_of_backward(void (GradientReducer::*finish)(), std::atomic<bool> GradientReducer::*abandoned);
+
   // Stage 3: once every parameter of a unit has its gradient, no autograd node needs the
   // unit's full parameters any more (a node that read one also computes its gradient), so
   // they are freed now, not at the end of backward; what is left gathered then is freed then.
   void unit_progress(std::size_t index);
+
+  // Closes the round a backward that threw left open (recover_abandoned_backward).
+  void close_abandoned_round();
   void end_units_round();
 
   // Each parameter's unit: the index of the first prefix of ReducerOptions::units that names
@@ -443,6 +464,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
 
   void finish_round();
 
+  // Sharded: this round's average of slice `piece`'s gradient becomes its .grad, or is added to
+  // the one an earlier synchronised round left there.
+  void add_to_slice_gradient(std::size_t piece, const at::Tensor& average);
+
   // Rank 0's arrival order to every rank, and the buckets rebuilt in it; gradients that were
   // views into the old buckets move into the new ones. Collective (one broadcast), in the
   // first synchronised backward of every rank.
@@ -473,6 +498,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   bool units_round_open_ = false;     // stage 3: this backward's end-of-units callback is queued
   std::vector<bool> ready_;
   std::vector<bool> used_;         // received a gradient in this backward (ready_ and used)
+  // Received a gradient in a backward without sync since the last synchronised round (no_sync,
+  // accumulation micro-steps): used in the window, so averaged even if unused in its last
+  // backward (PyTorch DDP's local_used_map).
+  std::vector<bool> window_used_;
   std::vector<bool> unreachable_;  // predicted unused by the last forward; empty: no prediction
   std::vector<std::string> late_;  // predicted unused, yet a gradient came
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // until install_hooks()
@@ -490,6 +519,8 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::size_t peak_buckets_in_flight_ = 0;
   std::size_t sync_rounds_ = 0;
   bool round_open_ = false;
+  std::atomic<bool> round_abandoned_{false};  // a backward that opened a round threw
+  std::atomic<bool> units_abandoned_{false};  // stage 3: a backward that gathered units threw
   bool round_compressed_ = false;
   bool ordered_sums_ = false;  // replicated buckets summed in rank order (DdpOptions::sum_in_rank_order)
   // Point-to-point tags of the summed slices' exchange, one per bucket (nothing else sends
@@ -498,6 +529,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   bool order_settled_ = false;  // the arrival order was looked at (once)
   bool sync_ = true;
   int divisor_ = 0;          // join: ranks averaged over in this round; 0 = all
+  int announced_sync_ = -1;  // join: this rank's sync when it announced its last forward; -1 none
   bool force_sync_ = false;  // join: this round synchronises whatever sync_ says
   std::shared_ptr<JoinContext> join_;
   std::size_t join_index_ = 0;

@@ -67,6 +67,7 @@ ACCELERATE_INLINE GradientReducer::GradientReducer(std::vector<std::pair<std::st
   if (sharded()) build_shard_pieces();
   ready_.assign(params_.size(), false);
   used_.assign(params_.size(), false);
+  window_used_.assign(params_.size(), false);
 }
 
 ACCELERATE_INLINE void GradientReducer::install_hooks() {
@@ -335,7 +336,19 @@ ACCELERATE_INLINE void GradientReducer::build_shard_pieces() {
 
 ACCELERATE_INLINE void GradientReducer::on_ready(std::size_t index) {
   if (shards_parameters()) unit_progress(index);
-  if (!sync_ && !force_sync_) return;
+  if (announced_sync_ >= 0) {
+    const bool announced = announced_sync_ == 1;
+    announced_sync_ = -1;  // checked once per backward
+    ACCELERATE_CHECK(announced == sync_, "join_uneven_inputs (rank ", comm_->rank(), "): gradient sync was ",
+                     announced ? "switched off (no_sync)" : "switched on", " between a forward and its backward; "
+                     "inside the scope open no_sync (or accumulate) before the forward, which the ranks that ran "
+                     "out of batches follow");
+  }
+  if (!sync_ && !force_sync_) {
+    window_used_[index] = true;
+    return;
+  }
+  if (round_abandoned_) close_abandoned_round();
   if (!round_open_) open_round(/*from_backward=*/true);
   if (ready_[index] && !used_[index]) {
     late_.push_back(names_[index]);  // predicted unused, yet it received a gradient
@@ -347,10 +360,13 @@ ACCELERATE_INLINE void GradientReducer::on_ready(std::size_t index) {
 ACCELERATE_INLINE void GradientReducer::open_round(bool from_backward) {
   round_open_ = true;
   // Runs when this backward pass ends, on the same thread, before backward() returns.
-  if (from_backward)
-    torch::autograd::Engine::get_default_engine().queue_callback([weak = weak_from_this()] {
-      if (auto reducer = weak.lock()) reducer->finish_round();
-    });
+  if (from_backward) at_end_of_backward(&GradientReducer::finish_round, &GradientReducer::round_abandoned_);
+  // Sharded: a slice gradient still held from an earlier synchronised backward (sync_each_batch,
+  // or no zero_grad since) is a view of the bucket this round overwrites; it is kept apart, and
+  // this round's average is added to it, as data parallel's .grad accumulates.
+  if (sharded())
+    for (auto& piece : piece_tensors_)
+      if (piece.grad().defined()) piece.mutable_grad() = piece.grad().clone();
   // Every bucket of a round is compressed, or none (PowerSGD starts after some rounds).
   round_compressed_ = options_.compression != GradientCompression::none &&
                       (options_.compression != GradientCompression::power_sgd ||
@@ -361,12 +377,52 @@ ACCELERATE_INLINE void GradientReducer::open_round(bool from_backward) {
       if (unreachable_[i]) mark_ready(i, /*used=*/false);
 }
 
+ACCELERATE_INLINE void GradientReducer::at_end_of_backward(void (GradientReducer::*finish)(),
+                                                          std::atomic<bool> GradientReducer::*abandoned) {
+  // Owned by the callback: destroyed unrun, it raises the flag.
+  struct Pending {
+    Pending(std::weak_ptr<GradientReducer> held, std::atomic<bool> GradientReducer::*flag)
+        : reducer(std::move(held)), abandoned(flag) {}
+    Pending(const Pending&) = delete;
+    Pending& operator=(const Pending&) = delete;
+    ~Pending() {
+      if (ran) return;
+      if (auto held = reducer.lock()) ((*held).*abandoned).store(true);
+    }
+    std::weak_ptr<GradientReducer> reducer;
+    std::atomic<bool> GradientReducer::*abandoned;
+    bool ran = false;
+  };
+  auto pending = std::make_shared<Pending>(weak_from_this(), abandoned);
+  torch::autograd::Engine::get_default_engine().queue_callback([pending, finish] {
+    pending->ran = true;
+    if (auto held = pending->reducer.lock()) ((*held).*finish)();
+  });
+}
+
+ACCELERATE_INLINE void GradientReducer::recover_abandoned_backward() {
+  if (round_abandoned_) close_abandoned_round();
+  if (units_abandoned_.exchange(false)) {
+    units_round_open_ = false;
+    for (auto& unit : units_) unit.ready = 0;
+    release_units();
+  }
+}
+
+ACCELERATE_INLINE void GradientReducer::close_abandoned_round() {
+  round_abandoned_ = false;
+  // The peers' matching collectives were launched too (the same backward failed there), or
+  // they fail on their timeout: either way nothing launched here is left to pair with the
+  // next round's collectives.
+  wait_launched();
+  reset_round();
+  round_open_ = false;
+}
+
 ACCELERATE_INLINE void GradientReducer::unit_progress(std::size_t index) {
   if (!units_round_open_) {
     units_round_open_ = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([weak = weak_from_this()] {
-      if (auto reducer = weak.lock()) reducer->end_units_round();
-    });
+    at_end_of_backward(&GradientReducer::end_units_round, &GradientReducer::units_abandoned_);
   }
   Unit& unit = units_[unit_of_[index]];
   if (++unit.ready == unit.params.size()) release_unit(unit_of_[index]);
@@ -439,6 +495,8 @@ ACCELERATE_INLINE void GradientReducer::mark_ready(std::size_t index, bool used)
   if (ready_[index]) return;
   ready_[index] = true;
   used_[index] = used;
+  // Used earlier in the window: its accumulated .grad is sent, unused in this backward or not.
+  used = used || window_used_[index];
   ++ready_count_;
   if (!order_settled_ && options_.bucket_order_from_arrival) arrival_.push_back(index);
   Bucket& bucket = buckets_[bucket_of_[index]];
@@ -556,7 +614,7 @@ ACCELERATE_INLINE void GradientReducer::finish_round() {
   if (options_.find_unused_parameters) {
     used_anywhere = at::empty({static_cast<int64_t>(params_.size())}, at::TensorOptions().dtype(at::kInt));
     int* flags = used_anywhere.data_ptr<int>();
-    for (std::size_t i = 0; i < params_.size(); ++i) flags[i] = used_[i] ? 1 : 0;
+    for (std::size_t i = 0; i < params_.size(); ++i) flags[i] = used_[i] || window_used_[i] ? 1 : 0;
     used_anywhere = used_anywhere.to(params_.front().device());  // NCCL takes device tensors
     comm_->all_reduce(used_anywhere, Reduction::max);
     used_anywhere = used_anywhere.cpu();
@@ -569,9 +627,9 @@ ACCELERATE_INLINE void GradientReducer::finish_round() {
       bucket.shard.div_(comm_->world_size());
     }
     for (std::size_t k = 0; k < pieces_.size(); ++k) {
-      at::Tensor& grad = piece_tensors_[k].mutable_grad();
-      if (used_flags && used_flags[pieces_[k].param] == 0) grad.reset();  // unused everywhere
-      else grad = storage_alias(buckets_[pieces_[k].bucket].shard, pieces_[k].shard_offset, pieces_[k].length);
+      if (used_flags && used_flags[pieces_[k].param] == 0) continue;  // unused everywhere: as it was
+      add_to_slice_gradient(k, storage_alias(buckets_[pieces_[k].bucket].shard, pieces_[k].shard_offset,
+                                             pieces_[k].length));
     }
     comm_->count_grad_sync_round();
     reset_round();
@@ -618,14 +676,13 @@ ACCELERATE_INLINE void GradientReducer::finish_round() {
     // touches alive: up to twice the gradient memory, measured by estimate_memory's test.)
     for (std::size_t k = 0; k < pieces_.size(); ++k) {
       const ShardPiece& piece = pieces_[k];
-      at::Tensor& grad = piece_tensors_[k].mutable_grad();
-      if (used_flags && used_flags[piece.param] == 0) {  // unused everywhere: the local .grad
+      if (used_flags && used_flags[piece.param] == 0) {  // unused everywhere: the local .grad, if any
         const at::Tensor& local = params_[piece.param].grad();
-        if (local.defined()) grad = storage_alias(local.contiguous(), piece.begin, piece.length);
-        else grad.reset();
+        if (local.defined()) add_to_slice_gradient(k, storage_alias(local.contiguous(), piece.begin, piece.length));
       } else {
         const Bucket& bucket = buckets_[bucket_of_[piece.param]];
-        grad = storage_alias(bucket.flat, bucket.offsets[position_of_[piece.param]] + piece.begin, piece.length);
+        add_to_slice_gradient(
+            k, storage_alias(bucket.flat, bucket.offsets[position_of_[piece.param]] + piece.begin, piece.length));
       }
     }
     for (auto& param : params_) param.mutable_grad().reset();
@@ -634,6 +691,12 @@ ACCELERATE_INLINE void GradientReducer::finish_round() {
   ++sync_rounds_;
   comm_->count_grad_sync_round();
   reset_round();
+}
+
+ACCELERATE_INLINE void GradientReducer::add_to_slice_gradient(std::size_t piece, const at::Tensor& average) {
+  at::Tensor& grad = piece_tensors_[piece].mutable_grad();
+  if (grad.defined()) grad.add_(average);  // kept apart by open_round
+  else grad = average;
 }
 
 ACCELERATE_INLINE void GradientReducer::rebuild_in_arrival_order() {
@@ -701,6 +764,7 @@ ACCELERATE_INLINE void GradientReducer::reset_round() {
   ready_count_ = 0;
   std::fill(ready_.begin(), ready_.end(), false);
   std::fill(used_.begin(), used_.end(), false);
+  std::fill(window_used_.begin(), window_used_.end(), false);
   unreachable_.clear();  // a prediction holds for the one backward after its forward
   late_.clear();
   arrival_.clear();

@@ -336,6 +336,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
           const auto [model, index] = owner->second;
           const GradientReducer& reducer = *models_[model].reducer;
           buckets.insert({model, reducer.bucket_of(index)});
+          shard.model_params.push_back(param);
           auto& states = optimizer.state();
           const bool has_state = states.count(param.unsafeGetTensorImpl()) > 0;
           const auto piece = piece_of_.find(param.unsafeGetTensorImpl());
@@ -372,6 +373,22 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
       else models_[model].reducer->gather_parameters(bucket);
     }
     if (this->collective_device().is_cpu()) return_free_heap_to_os();
+  }
+
+  /// A prepared optimizer's zero_grad: its slices' gradients, and the local gradients of the
+  /// model parameters it was built over (accumulated off the boundary, where no slice holds
+  /// them yet), which data parallel's zero_grad clears too.
+  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
+    optimizer.zero_grad(set_to_none);
+    const auto shard = shards_.find(&optimizer);
+    if (shard == shards_.end()) return;
+    for (auto& param : shard->second.model_params) {
+      at::Tensor& grad = param.mutable_grad();
+      if (!grad.defined()) continue;
+      grad.detach_();  // as torch::optim::Optimizer::zero_grad
+      if (set_to_none) grad.reset();
+      else grad.zero_();
+    }
   }
 
   /// Stage 3: the model's parameters gathered unit by unit (a collective: every rank calls
@@ -527,7 +544,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     requires(Stage == 3)
   {
     const auto found = model_of_.find(&module);
-    if (found == model_of_.end()) return entry;
+    if (found == model_of_.end()) return this->communicator() ? entry : whole_model_entry(module);
     std::shared_ptr<GradientReducer> reducer = models_[found->second].reducer;
     nlohmann::json manifest = {{"stage", Stage}, {"world_size", this->world_size()}, {"rank", this->rank()}};
     nlohmann::json pieces = nlohmann::json::array();
@@ -579,6 +596,55 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
       reducer->release_units();  // a unit left gathered holds the old values
     };
     entry.reshard = [manifest](const std::vector<StateDict>& saved) { return resharded_model_state(manifest, saved); };
+    entry.laid_out_otherwise = [manifest](const StateDict& saved) { return cut_otherwise(manifest, saved); };
+    return entry;
+  }
+
+  /// Stage 3 in one process: the model entry of a world of one, whose rank holds every
+  /// trainable parameter whole (shape kept, offset 0), under the same manifest as several
+  /// processes write. So a checkpoint moves between one process and several both ways:
+  /// resharded_model_state re-cuts either into the other, bit for bit.
+  static checkpoint::Entry whole_model_entry(const torch::nn::Module& module) {
+    nlohmann::json pieces = nlohmann::json::array();
+    auto sharded = std::make_shared<std::set<std::string>>();
+    for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+      if (!item.value().requires_grad()) continue;
+      const auto sizes = item.value().sizes();
+      pieces.push_back({{"parameter", item.key()}, {"shape", std::vector<int64_t>(sizes.begin(), sizes.end())},
+                        {"offset", 0}, {"numel", item.value().numel()}});
+      sharded->insert(item.key());
+    }
+    const nlohmann::json manifest = {{"stage", Stage}, {"world_size", 1}, {"rank", 0}, {"pieces", std::move(pieces)}};
+    const torch::nn::Module* target = &module;
+    checkpoint::Entry entry{checkpoint::Entry::Kind::model, checkpoint::EntryOwner::every_rank};
+    entry.save = [target, manifest] {
+      StateDict state;
+      for (const auto& [name, tensor] : checkpoint::named_tensors(*target)) state.tensors[name] = tensor;
+      state.values["shards"] = manifest;
+      return state;
+    };
+    auto check = [target, manifest, sharded](const StateDict& saved) {
+      ACCELERATE_CHECK(saved.values.contains("shards") && saved.values.at("shards") == manifest,
+                       "sharded model state: saved with the slices ",
+                       saved.values.contains("shards") ? saved.values.at("shards").dump() : std::string("(none)"),
+                       ", this process holds ", manifest.dump(), " (another model?)");
+      for (const auto& [name, tensor] : checkpoint::named_tensors(*target)) {
+        const auto it = saved.tensors.find(name);
+        // A re-cut parameter comes flattened; buffers and frozen parameters keep their shape.
+        ACCELERATE_CHECK(it != saved.tensors.end() && (sharded->count(name) ? it->second.numel() == tensor.numel()
+                                                                            : it->second.sizes() == tensor.sizes()),
+                         "sharded model state: ", name, " is missing or has another shape");
+      }
+    };
+    entry.check = check;
+    entry.load = [target, check](const StateDict& saved) {
+      check(saved);
+      torch::NoGradGuard no_grad;
+      for (auto& [name, tensor] : checkpoint::named_tensors(*target))
+        tensor.copy_(saved.tensors.at(name).reshape(tensor.sizes()));
+    };
+    entry.reshard = [manifest](const std::vector<StateDict>& saved) { return resharded_model_state(manifest, saved); };
+    entry.laid_out_otherwise = [manifest](const StateDict& saved) { return cut_otherwise(manifest, saved); };
     return entry;
   }
 
@@ -602,6 +668,8 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
   /// optimizer's slices): each rank adds up its slices' part, one all-reduce combines them
   /// (sum of p-th powers, or max), and every rank scales its slices by the same factor.
   double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double norm_type) {
+    // One process holds every gradient whole: SingleProcess's clipping, bit for bit.
+    if (!this->communicator()) return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
     std::vector<at::Tensor> grads;
     for (const auto& holder : gradient_holders(params)) {
       if (!holder.grad().defined()) continue;
@@ -620,8 +688,11 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     this->all_reduce(part, infinity ? Reduction::max : Reduction::sum);
     const double sum = part.cpu().item<double>();
     const double total = infinity ? sum : std::pow(sum, 1.0 / norm_type);
-    const double coefficient = max_norm / (total + 1e-6);
-    if (coefficient < 1.0) {
+    // torch's rule (clip_grad_norm_, what data parallel runs): the coefficient clamped to at
+    // most 1 and applied whatever it is, so a NaN or infinite norm reaches every gradient
+    // (min(NaN, 1) is NaN). Multiplying by exactly 1 changes nothing, so that is skipped.
+    const double coefficient = std::min(max_norm / (total + 1e-6), 1.0);
+    if (coefficient != 1.0) {
       torch::NoGradGuard no_grad;
       for (auto& g : grads) g.mul_(coefficient);
     }
@@ -667,6 +738,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     entry.reshard = [manifest, &optimizer](const std::vector<StateDict>& saved) {
       return resharded_state(manifest, optimizer, saved);
     };
+    entry.laid_out_otherwise = [manifest](const StateDict& saved) { return cut_otherwise(manifest, saved); };
     return entry;
   }
 
@@ -685,6 +757,7 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
   };
   struct OptimizerShard {
     std::vector<PieceRecord> pieces;                         // in the optimizer's state order
+    std::vector<at::Tensor> model_params;                    // the model parameters it was built over
     std::vector<std::pair<std::size_t, std::size_t>> buckets;  // (model, bucket) to all-gather
   };
 
@@ -856,6 +929,17 @@ class ShardedEngine : public ProcessGroupEngine<Factory> {
     ACCELERATE_CHECK(covered == numel, what, ": the saved slices cover ", covered, " of the ", numel, " elements [",
                      begin, ", ", begin + numel, ")");
     return out;
+  }
+
+  // Whether a state saved by the same number of processes was cut otherwise than `mine` (another
+  // stage, bucket size or model): load_state re-cuts it from every saved rank's slices, as for
+  // another number of processes, rather than refusing at one world size what it re-cuts at another.
+  static bool cut_otherwise(const nlohmann::json& mine, const StateDict& saved) {
+    if (!saved.values.contains("shards")) return false;  // not sharded: the check names it
+    const auto& found = saved.values.at("shards");
+    return found.value("world_size", nlohmann::json()) == mine.at("world_size") &&
+           (found.value("stage", nlohmann::json()) != mine.at("stage") ||
+            found.value("pieces", nlohmann::json()) != mine.at("pieces"));
   }
 
   static void check_manifest(const nlohmann::json& expected, const StateDict& saved) {

@@ -12,13 +12,14 @@
 
 #include <accelerate/checkpoint/optimizer_state.hpp>
 #include <accelerate/checkpoint/stateful.hpp>
+#include <accelerate/distributed/engine.hpp>
 #include <accelerate/prepared/preparable.hpp>
 
 namespace accelerate {
 
-/// What prepare() returns for an optimizer. With Accelerator<> it holds one pointer and step()
-/// is the optimizer's step(); otherwise step() follows the policies' step states
-/// (step::Context::optimizer_step):
+/// What prepare() returns for an optimizer. With one process and no policy acting on the step
+/// (Accelerator<>) it holds one pointer and step() is the optimizer's step(); otherwise step()
+/// follows the policies' step states (step::Context::optimizer_step):
 ///   - nothing on non-sync micro-steps (zero_grad too), as Accelerate's wrapper;
 ///   - fp16 gradients unscaled once, clipped (Clip policy), and the step skipped on inf/NaN.
 /// Example:
@@ -57,12 +58,15 @@ class PreparedOptimizer {
   }
 
   /// Clears gradients (set to undefined by default, as LibTorch 2.x); a no-op on non-sync
-  /// micro-steps so gradients keep accumulating.
+  /// micro-steps so gradients keep accumulating. Under a sharded Backend it clears the model's
+  /// local gradients too, so a loop means the same under every Backend.
   void zero_grad(bool set_to_none = true) {
-    if constexpr (Context::accumulation_step::accumulating) {
+    if constexpr (plain) {
+      optimizer_->zero_grad(set_to_none);
+    } else {
       if (!context_->sync_gradients()) return;
+      distributed::zero_grad(context_->engine, *optimizer_, set_to_none);
     }
-    optimizer_->zero_grad(set_to_none);
   }
 
   /// True when the last step() was skipped because of an inf/NaN gradient (fp16).

@@ -66,9 +66,11 @@ struct Context {
   using optimizer_slot = typename precision_step::OptimizerSlot;
 
   /// Whether a prepared optimizer's step() is exactly the optimizer's step(): no policy acts
-  /// on it and the engine leaves optimizer steps to the optimizer.
+  /// on it, the engine leaves optimizer steps to the optimizer, and there is one process (with
+  /// several, a closure optimizer reads the loss averaged over them: mean_loss_over_processes).
   static constexpr bool plain_optimizer_step = !accumulation_step::accumulating && !precision_step::scales_loss &&
-                                               !clip_step::active && !distributed::customises_step_optimizer<Engine>;
+                                               !clip_step::active && !distributed::customises_step_optimizer<Engine> &&
+                                               !Engine::distributed;
   /// Whether a prepared scheduler's step() is exactly the scheduler's step().
   static constexpr bool plain_scheduler_step =
       !accumulation_step::accumulating && !precision_step::scales_loss && !Engine::distributed;
@@ -121,8 +123,23 @@ struct Context {
     return optimizer.step([&] {
       at::Tensor loss = closure();
       clip.apply(engine, optimizer, core.options.clip);
-      return loss;
+      return mean_loss_over_processes(loss);
     });
+  }
+
+  /// What a closure optimizer reads as the loss of one evaluation: the mean over the
+  /// processes. LBFGS's stopping test and line search read it, so with each rank's own loss
+  /// the ranks would take different decisions and evaluate different numbers of times, their
+  /// gradient all-reduces pairing wrongly; with the mean (and the averaged gradients) every
+  /// rank runs full-batch LBFGS on all ranks' data. A number, not part of any graph.
+  at::Tensor mean_loss_over_processes(const at::Tensor& loss) {
+    if constexpr (!Engine::distributed) {
+      return loss;
+    } else {
+      at::Tensor sum = loss.detach().to(engine.collective_device(), at::kDouble).clone();
+      engine.all_reduce(sum, Reduction::sum);
+      return (sum / engine.world_size()).to(loss.device(), loss.scalar_type());
+    }
   }
 
   /// What a prepared scheduler keeps for the Precision policy (which optimizer it follows).

@@ -176,6 +176,15 @@ TEST(PreparedDataLoader, AResumedRangeCountsTheBatchesLeft) {
   EXPECT_DOUBLE_EQ(net->weight.grad().item<double>(), 1.0) << "the window of the 2 batches left is divided by 2";
 }
 
+TEST(PreparedDataLoader, AConstRangeIsPreparedAndOnlyRead) {
+  accelerate::Accelerator<> acc{{.cpu = true}};
+  const std::vector<torch::Tensor> batches{torch::ones({2}), torch::zeros({2})};
+  auto [loader] = acc.prepare(batches);
+  std::size_t n = 0;
+  for (auto& x : loader) EXPECT_TRUE(torch::equal(x, batches[n++]));
+  EXPECT_EQ(n, 2u);
+}
+
 TEST(PreparedDataLoader, StateFromAnotherBatchingIsAnError) {
   accelerate::Accelerator<> acc{{.cpu = true}};
   auto [loader] = acc.prepare(accelerate::DataLoader(accelerate::testing::regression_data(40), {.batch_size = 4}));
