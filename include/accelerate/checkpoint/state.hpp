@@ -44,6 +44,7 @@
 #include <accelerate/checkpoint/stateful.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/linkage.hpp>
+#include <accelerate/detail/malloc_tuning.hpp>
 #include <accelerate/random.hpp>
 #include <accelerate/version.hpp>
 

@@ -152,6 +152,10 @@ ACCELERATE_INLINE at::Tensor host_copy(const at::Tensor& t, const at::Tensor& sp
                     spare.is_contiguous();
   at::Tensor host = fits ? spare
                          : at::empty(source.sizes(), source.options().device(at::kCPU).pinned_memory(source.is_cuda()));
+  // Fresh memory is mapped in one call before the copy (pinned memory is mapped already): a
+  // process's first asynchronous save, which makes its host buffers, then blocks the loop
+  // for little more than a later one, which copies into them again.
+  if (!fits && !source.is_cuda()) detail::populate_pages(host.data_ptr(), host.nbytes());
   host.copy_(source);
   return host;
 }

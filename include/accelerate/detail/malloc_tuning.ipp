@@ -20,6 +20,24 @@ ACCELERATE_INLINE void return_freed_memory() noexcept {
 #endif
 }
 
+ACCELERATE_INLINE void populate_pages(void* data, std::size_t bytes) noexcept {
+#if defined(__linux__)
+#if !defined(MADV_POPULATE_WRITE)
+  constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14; older C library headers lack the name
+#endif
+  if (data == nullptr || bytes == 0) return;
+  // The pages holding the buffer's first and last bytes are the buffer's own (at least in part)
+  // and mapped, so the page-aligned range around it is safe to populate; no byte is written.
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(data) / page * page;
+  const auto end = (reinterpret_cast<std::uintptr_t>(data) + bytes + page - 1) / page * page;
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);  // a failure costs nothing
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
 ACCELERATE_INLINE CpuMemorySettings::CpuMemorySettings(bool retain_freed, bool huge_pages) noexcept {
   if (huge_pages) compat::request_cpu_huge_pages();
   if (retain_freed) retain_freed_memory();
