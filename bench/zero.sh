@@ -3,9 +3,11 @@
 # the tensors against the ZeRO formula, peak RSS, bytes communicated per step, communication
 # time per step (all of it, and the part the training thread waited for), step time, and what
 # save_model (100 MB shards) and gathering the whole model add to a rank's peak memory, for a
-# ~100M-parameter MLP with AdamW on 2 and 4 ranks. The three backends run one after another,
+# ~100M-parameter MLP with AdamW on 2 and 4 ranks. The four backends run one after another,
 # round after round; memory and bytes are the same every round, times are the median over
-# rounds of each run's median step.
+# rounds of each run's median step, with the range over rounds, and each stage's time against
+# data parallel's is the median (and range) of the per-round ratios, data parallel having run
+# in the same round moments before.
 #
 #   bench/zero.sh [build-dir] [rounds] [params-millions]      (after scripts/quickstart.sh)
 set -euo pipefail
@@ -31,8 +33,8 @@ done
 .venv/bin/python - "$out" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print("| ranks | backend | parameters | params MB | grads MB | optimizer MB | model state MB | ZeRO formula MB | state / formula | peak RSS MB | MB sent per step | comm ms per step | of which exposed | ms per step | save_model adds MB (rank 0 / others) | whole-model gather adds MB |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| ranks | backend | parameters | params MB | grads MB | optimizer MB | model state MB | ZeRO formula MB | state / formula | peak RSS MB | MB sent per step | comm ms per step | of which exposed | ms per step: median (range) | vs data parallel: median (range) | save_model adds MB (rank 0 / others) | whole-model gather adds MB |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for world in sorted({r["world_size"] for r in rows}):
     for backend in ("ddp", "zero1", "zero2", "zero3"):
         mine = [r for r in rows if r["world_size"] == world and r["backend"] == backend]
@@ -47,13 +49,18 @@ for world in sorted({r["world_size"] for r in rows}):
         worst = max(mine, key=lambda r: r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"])
         rss = max(r["peak_rss_bytes"] for r in mine)
         sent = max(r["comm_bytes_per_step"] for r in mine)
-        ms = statistics.median(r["median_step_ms"] for r in rank0)
+        steps = [r["median_step_ms"] for r in rank0]
+        ms = statistics.median(steps)
+        ddp = {r["round"]: r["median_step_ms"] for r in rows
+               if r["world_size"] == world and r["backend"] == "ddp" and r["rank"] == 0}
+        ratios = [r["median_step_ms"] / ddp[r["round"]] for r in rank0 if r["round"] in ddp]
         comm = statistics.median(r["comm_ms_per_step"] for r in rank0)
         exposed = statistics.median(r["exposed_comm_ms_per_step"] for r in rank0)
         mb = lambda b: f"{b / 1e6:.0f}"
         print(f"| {world} | {backend} | {psi / 1e6:.1f}M | {mb(worst['param_bytes'])} | {mb(worst['grad_bytes'])} | "
               f"{mb(worst['optimizer_bytes'])} | {mb(state)} | {mb(formula)} | {state / formula:.3f} | {mb(rss)} | "
-              f"{mb(sent)} | {comm:.0f} | {exposed:.0f} | {ms:.0f} | "
+              f"{mb(sent)} | {comm:.0f} | {exposed:.0f} | {ms:.0f} ({min(steps):.0f}-{max(steps):.0f}) | "
+              f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
               f"{mb(max(r['save_model_added_bytes'] for r in rank0))} / "
               f"{mb(max([r['save_model_added_bytes'] for r in mine if r['rank'] > 0] or [0]))} | "
               f"{mb(max(r['gather_whole_added_bytes'] for r in mine))} |")
