@@ -57,7 +57,7 @@
 #include <accelerate/policy/slots.ipp>
 #include <accelerate/prepared/dataloader.ipp>
 #include <accelerate/prepared/scheduler.ipp>
-#include <accelerate/presets.ipp>
+#include <accelerate/run_config.ipp>
 #include <accelerate/scope/join.ipp>
 #include <accelerate/step/accumulation.ipp>
 #include <accelerate/step/context.ipp>

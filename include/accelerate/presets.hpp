@@ -1,5 +1,6 @@
 // Named compile-time presets for common setups, and dispatch<Presets...>(config, fn), which
-// compiles `fn` for every preset and runs the one a run-time configuration selects.
+// compiles `fn` for every preset and runs the first one a run-time configuration (RunConfig,
+// <accelerate/run_config.hpp>) selects.
 #pragma once
 
 #include <cstddef>
@@ -14,9 +15,8 @@
 
 #include <accelerate/accelerator.hpp>
 #include <accelerate/detail/check.hpp>
-#include <accelerate/detail/env.hpp>
-#include <accelerate/detail/linkage.hpp>
 #include <accelerate/policy/slots.hpp>
+#include <accelerate/run_config.hpp>
 
 namespace accelerate {
 
@@ -34,51 +34,16 @@ using MultiCpuBf16Accumulate = Accelerator<Gloo, Bf16, AccumulateDynamic>;
 using MultiCpuClip = Accelerator<Gloo, Fp32, NoAccumulation, ClipNorm<>>;
 }  // namespace presets
 
-/// A run-time choice of configuration, with the keys of Accelerate's default_config.yaml
-/// (see <accelerate/config.hpp> to read one) plus `max_grad_norm` for the Clip slot.
-/// Example:
-///   accelerate::RunConfig{.mixed_precision = "bf16", .num_processes = 2}
-struct RunConfig {
-  /// "NO", "MULTI_CPU" or "MULTI_GPU"; unset: MULTI_CPU when num_processes > 1, else NO.
-  std::optional<std::string> distributed_type;
-  /// "no", "bf16" or "fp16".
-  std::string mixed_precision = "no";
-  int num_processes = 1;
-  std::size_t gradient_accumulation_steps = 1;
-  /// Clip gradients to this global L2 norm (selects a ClipNorm preset).
-  std::optional<double> max_grad_norm;
-
-  /// The distributed type this configuration asks for.
-  std::string resolved_distributed_type() const {
-    if (distributed_type) return *distributed_type;
-    return num_processes > 1 ? "MULTI_CPU" : "NO";
-  }
-
-  /// Fills unset fields from Accelerate's variables: ACCELERATE_MIXED_PRECISION,
-  /// ACCELERATE_GRADIENT_ACCUMULATION_STEPS, ACCELERATE_NUM_PROCESSES.
-  RunConfig& with_environment();
-
-  /// The AcceleratorOptions fields this configuration decides.
-  AcceleratorOptions apply(AcceleratorOptions options) const;
-};
-
 namespace detail {
 
-/// Whether preset `Acc` implements `config` (exactly: no silent downgrade).
+/// Whether preset `Acc` implements `config`: each of its four policies is selected by it (its
+/// slot's rule, or the policy's own selected_by), so no configuration is silently downgraded.
 template <class Acc>
 bool preset_matches(const RunConfig& config) {
-  if (Acc::distributed_type() != config.resolved_distributed_type()) return false;
-  if (!Acc::distributed && config.num_processes > 1) return false;
-  if (Acc::mixed_precision() != config.mixed_precision) return false;
-  using A = typename Acc::accumulation_policy;
-  if (config.gradient_accumulation_steps > 1) {
-    if (!A::dynamic && A::steps != config.gradient_accumulation_steps) return false;
-  } else if (Acc::accumulating) {
-    return false;
-  }
-  using C = typename Acc::clip_policy;
-  if (config.max_grad_norm.has_value() != is_clip_norm<C>) return false;
-  return !is_clip_norm<C> || std::is_same_v<C, ClipNorm<>>;  // Accelerate's max_grad_norm is the L2 norm
+  return backend_selected_by<typename Acc::backend_policy>(config) &&
+         precision_selected_by<typename Acc::precision_policy>(config) &&
+         accumulation_selected_by<typename Acc::accumulation_policy>(config) &&
+         clip_selected_by<typename Acc::clip_policy>(config);
 }
 
 template <class Acc>
@@ -86,9 +51,8 @@ std::string preset_description() {
   using A = typename Acc::accumulation_policy;
   std::ostringstream out;
   out << "distributed_type=" << Acc::distributed_type() << " mixed_precision=" << Acc::mixed_precision()
-      << " gradient_accumulation_steps="
-      << (A::dynamic ? std::string("any>1") : std::to_string(A::steps))
-      << " max_grad_norm=" << (is_clip_norm<typename Acc::clip_policy> ? "set" : "unset");
+      << " gradient_accumulation_steps=" << (A::dynamic ? std::string("any>1") : std::to_string(A::steps))
+      << " (" << describe_slots(typename Acc::policies{}) << ")";
   return out.str();
 }
 
@@ -152,6 +116,8 @@ decltype(auto) dispatch(const RunConfig& config, Fn&& fn) {
                  config.resolved_distributed_type(), " mixed_precision=", config.mixed_precision,
                  " gradient_accumulation_steps=", config.gradient_accumulation_steps,
                  " max_grad_norm=", config.max_grad_norm ? "set" : "unset",
+                 config.clip_value ? " clip_value=set" : "",
+                 config.zero_stage ? " zero_stage=" + std::to_string(*config.zero_stage) : std::string(),
                  "; this program supports:", valid.str());
   }
   if constexpr (!std::is_void_v<Result>) return Result(std::move(*result));
@@ -165,6 +131,3 @@ decltype(auto) dispatch(type_list<Presets...>, const RunConfig& config, Fn&& fn)
 
 }  // namespace accelerate
 
-#if !defined(ACCELERATE_SEPARATE_COMPILATION)
-#include <accelerate/presets.ipp>
-#endif

@@ -6,11 +6,16 @@
 #include <cstddef>
 #include <type_traits>
 
+#include <accelerate/run_config.hpp>
+
 namespace accelerate {
 
 /// An Accumulation policy is an empty tag with compile-time facts:
 ///   - `steps`: micro-steps per optimizer step when known at compile time (0 when dynamic);
-///   - `dynamic`: whether the count comes from AccumulationOptions::num_steps.
+///   - `dynamic`: whether the count comes from AccumulationOptions::num_steps;
+///   - optionally `static bool selected_by(const RunConfig&)`: whether a run-time configuration
+///     selects it (dispatch()). Without it: a dynamic policy when gradient_accumulation_steps > 1,
+///     else when it equals `steps` (1: no accumulation).
 template <class A>
 concept AccumulationPolicy = std::is_empty_v<A> && requires {
   { A::steps } -> std::convertible_to<std::size_t>;
@@ -39,4 +44,15 @@ struct AccumulateDynamic {
   static constexpr bool dynamic = true;
 };
 
+namespace detail {
+
+/// Whether `config` selects Accumulation policy `A` (see AccumulationPolicy).
+template <AccumulationPolicy A>
+bool accumulation_selected_by(const RunConfig& config) {
+  if constexpr (states_its_selection<A>) return A::selected_by(config);
+  else if constexpr (A::dynamic) return config.gradient_accumulation_steps > 1;
+  else return config.gradient_accumulation_steps == A::steps;
+}
+
+}  // namespace detail
 }  // namespace accelerate

@@ -11,13 +11,18 @@
 #include <string_view>
 #include <type_traits>
 
+#include <accelerate/run_config.hpp>
+
 namespace accelerate {
 
 /// A Backend policy is an empty tag with compile-time facts:
 ///   - `name`: the policy's name in diagnostics and fingerprints;
 ///   - `distributed_type`: Accelerate's name for the setup ("NO", "MULTI_CPU", "MULTI_GPU");
 ///   - `is_distributed`: whether it talks to other processes through c10d;
-///   - `requires_cuda`: whether it can only run on a CUDA device.
+///   - `requires_cuda`: whether it can only run on a CUDA device;
+///   - optionally `static bool selected_by(const RunConfig&)`: whether a run-time configuration
+///     selects it (dispatch()). Without it: when the configuration's distributed_type is
+///     `distributed_type`, it asks for one process unless `is_distributed`, and no ZeRO stage.
 template <class B>
 concept BackendPolicy = std::is_empty_v<B> && requires {
   { B::name } -> std::convertible_to<std::string_view>;
@@ -114,6 +119,11 @@ struct Zero {
   static constexpr std::string_view distributed_type = Transport::distributed_type;
   static constexpr bool is_distributed = true;
   static constexpr bool requires_cuda = Transport::requires_cuda;
+  /// Selected by the transport's distributed_type with `zero_stage` = Stage (Accelerate's
+  /// deepspeed_config.zero_stage, or ACCELERATE_DEEPSPEED_ZERO_STAGE).
+  static bool selected_by(const RunConfig& config) {
+    return config.resolved_distributed_type() == distributed_type && config.resolved_zero_stage() == Stage;
+  }
   /// AcceleratorOptions::retain_freed_memory unset: freed buffers go back to the system. Kept,
   /// the units, buckets and gradients that come and go within a step stay resident: the
   /// memory sharding saves would be spent again on them.
@@ -124,6 +134,17 @@ namespace detail {
 
 template <class B>
 inline constexpr bool always_false = false;
+
+/// Whether `config` selects Backend policy `B` (see BackendPolicy).
+template <BackendPolicy B>
+bool backend_selected_by(const RunConfig& config) {
+  if constexpr (states_its_selection<B>) {
+    return B::selected_by(config);
+  } else {
+    return config.resolved_distributed_type() == B::distributed_type &&
+           (B::is_distributed || config.num_processes <= 1) && config.resolved_zero_stage() == 0;
+  }
+}
 
 /// What AcceleratorOptions::retain_freed_memory means unset under Backend policy `B`: its
 /// `retains_freed_memory` if it states one, else true.

@@ -7,12 +7,16 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <accelerate/run_config.hpp>
+
 namespace accelerate {
 
 /// A Precision policy is an empty tag with compile-time facts:
 ///   - `name`: Accelerate's `mixed_precision` value ("no", "bf16", "fp16");
 ///   - `autocast`: whether forward passes run under autocast;
-///   - `dtype`: the autocast compute type.
+///   - `dtype`: the autocast compute type;
+///   - optionally `static bool selected_by(const RunConfig&)`: whether a run-time configuration
+///     selects it (dispatch()). Without it: when the configuration's mixed_precision is `name`.
 /// What else it does to the training step (Fp16's loss scaling) is its step state, a
 /// specialisation of accelerate::step::PrecisionStep; an autocast-only policy needs none.
 template <class P>
@@ -45,4 +49,14 @@ struct Fp16 {
   static constexpr c10::ScalarType dtype = c10::ScalarType::Half;
 };
 
+namespace detail {
+
+/// Whether `config` selects Precision policy `P` (see PrecisionPolicy).
+template <PrecisionPolicy P>
+bool precision_selected_by(const RunConfig& config) {
+  if constexpr (states_its_selection<P>) return P::selected_by(config);
+  else return config.mixed_precision == P::name;
+}
+
+}  // namespace detail
 }  // namespace accelerate
