@@ -27,6 +27,7 @@
 #include <accelerate/checkpoint/project.ipp>
 #include <accelerate/checkpoint/registry.ipp>
 #include <accelerate/checkpoint/safetensors.ipp>
+#include <accelerate/checkpoint/shard_manifest.ipp>
 #include <accelerate/checkpoint/sharding.ipp>
 #include <accelerate/checkpoint/state.ipp>
 #include <accelerate/checkpoint/stateful.ipp>
@@ -49,6 +50,7 @@
 #include <accelerate/distributed/process_group.ipp>
 #include <accelerate/distributed/reducer.ipp>
 #include <accelerate/distributed/rendezvous.ipp>
+#include <accelerate/distributed/sharded.ipp>
 #include <accelerate/distributed/units.ipp>
 #include <accelerate/environment_report.ipp>
 #include <accelerate/launch/cli.ipp>
