@@ -90,6 +90,16 @@ namespace accelerate {
 
 namespace detail {
 
+// A policy of its slot whose step state has its slot's interface. Written as concepts so the
+// step state is looked at only once the policy is one (a conjunction of concepts stops at the
+// first that fails): instantiating the step state of a rejected type would add errors.
+template <class P>
+concept precision_with_step = PrecisionPolicy<P> && step::PrecisionStepState<step::PrecisionStep<P>>;
+template <class A>
+concept accumulation_with_step = AccumulationPolicy<A> && step::AccumulationStepState<step::AccumulationStep<A>>;
+template <class C>
+concept clip_with_step = ClipPolicy<C> && step::ClipStepState<step::ClipStep<C>, distributed::LocalEngine>;
+
 /// Whether T is what prepare() of accelerator type Acc returned.
 template <class T, class Acc> struct prepared_by : std::false_type {};
 template <class H, class Acc> struct prepared_by<PreparedModel<H, Acc>, Acc> : std::true_type {};
@@ -119,9 +129,9 @@ template <class S, class Acc> struct prepared_by<PreparedDataLoader<S, Acc>, Acc
 template <class Backend = SingleProcess, class Precision = Fp32, class Accumulation = NoAccumulation,
           class Clip = NoClip>
 class Accelerator {
-  // One check per slot, here and only here. A rejected type also names itself through
-  // detail::rejected_policy<Slot, T>; the body then uses the default in its place, so each
-  // mistake produces one error, not a cascade.
+  // One check per slot (and one per policy's step state), here and only here. A rejected type
+  // also names itself through detail::rejected_policy<Slot, T>; the body then uses the default
+  // in its place, so each mistake produces one error, not a cascade.
   static_assert(BackendPolicy<Backend>,
                 "accelerate: the Backend slot (template argument 1) needs a type that satisfies "
                 "accelerate::BackendPolicy (SingleProcess, Gloo, Nccl); see <accelerate/policy/backend.hpp>");
@@ -140,13 +150,29 @@ class Accelerator {
                 "accelerate: the Clip slot (template argument 4) needs a type that satisfies "
                 "accelerate::ClipPolicy (NoClip, ClipNorm<P>, ClipValue); see <accelerate/policy/clip.hpp>");
   static_assert(detail::accepted<detail::ClipSlot, Clip, ClipPolicy<Clip>>);
+  // And each accepted policy's step state, against its slot's interface (step/*.hpp).
+  static_assert(!PrecisionPolicy<Precision> || detail::precision_with_step<Precision>,
+                "accelerate: the step state of this Precision policy (step::PrecisionStep<Policy>) does not "
+                "satisfy accelerate::step::PrecisionStepState; see <accelerate/step/precision.hpp> for its interface");
+  static_assert(detail::accepted<detail::PrecisionStepSlot, Precision,
+                                 !PrecisionPolicy<Precision> || detail::precision_with_step<Precision>>);
+  static_assert(!AccumulationPolicy<Accumulation> || detail::accumulation_with_step<Accumulation>,
+                "accelerate: the step state of this Accumulation policy (step::AccumulationStep<Policy>) does "
+                "not satisfy accelerate::step::AccumulationStepState; see <accelerate/step/accumulation.hpp> "
+                "for its interface");
+  static_assert(detail::accepted<detail::AccumulationStepSlot, Accumulation,
+                                 !AccumulationPolicy<Accumulation> || detail::accumulation_with_step<Accumulation>>);
+  static_assert(!ClipPolicy<Clip> || detail::clip_with_step<Clip>,
+                "accelerate: the step state of this Clip policy (step::ClipStep<Policy>) does not satisfy "
+                "accelerate::step::ClipStepState; see <accelerate/step/clip.hpp> for its interface");
+  static_assert(detail::accepted<detail::ClipStepSlot, Clip, !ClipPolicy<Clip> || detail::clip_with_step<Clip>>);
 
  public:
   using backend_policy = std::conditional_t<BackendPolicy<Backend>, Backend, SingleProcess>;
-  using precision_policy = std::conditional_t<PrecisionPolicy<Precision>, Precision, Fp32>;
+  using precision_policy = std::conditional_t<detail::precision_with_step<Precision>, Precision, Fp32>;
   using accumulation_policy =
-      std::conditional_t<AccumulationPolicy<Accumulation>, Accumulation, NoAccumulation>;
-  using clip_policy = std::conditional_t<ClipPolicy<Clip>, Clip, NoClip>;
+      std::conditional_t<detail::accumulation_with_step<Accumulation>, Accumulation, NoAccumulation>;
+  using clip_policy = std::conditional_t<detail::clip_with_step<Clip>, Clip, NoClip>;
   /// The four policies, one per slot (slot_names).
   using policies = type_list<backend_policy, precision_policy, accumulation_policy, clip_policy>;
 

@@ -10,6 +10,10 @@ struct AccumulationSlot;
 struct ClipSlot;
 /// The engine named by `backend_engine<B>` for a Backend policy B.
 struct BackendEngineSlot;
+/// A policy's step state (step::PrecisionStep<P>, AccumulationStep<A>, ClipStep<C>).
+struct PrecisionStepSlot;
+struct AccumulationStepSlot;
+struct ClipStepSlot;
 
 /// Never defined: naming it prints `Slot` and the offending type `T` in the compiler's output
 /// (the trick {fmt} uses with `type_is_unformattable_for`).

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 
 #include <ATen/core/Tensor.h>
@@ -129,6 +130,25 @@ class AccumulationStep<AccumulateDynamic> : public AccumulationWindow {
     return steps;
   }
 };
+
+/// What the step context asks of an Accumulation policy's step state: the interface written at
+/// AccumulationStep (reset() is optional). The Accelerator checks it once, so a specialisation
+/// missing part of it is one error naming the policy.
+/// Example:
+///   static_assert(accelerate::step::AccumulationStepState<accelerate::step::AccumulationStep<MyPolicy>>);
+template <class S>
+concept AccumulationStepState =
+    std::constructible_from<S, const AccumulationOptions&> &&
+    requires(S& state, const S& cstate, const GradientState& loaders, const at::Tensor& loss, const StateDict& saved) {
+      { S::accumulating } -> std::convertible_to<bool>;
+      { cstate.steps() } -> std::convertible_to<std::size_t>;
+      { cstate.step() } -> std::convertible_to<std::size_t>;
+      { cstate.sync() } -> std::convertible_to<bool>;
+      state.advance(loaders, true);
+      { cstate.divide(loss) } -> std::convertible_to<at::Tensor>;
+      { cstate.state_dict() } -> std::convertible_to<StateDict>;
+      state.load_state_dict(saved);
+    };
 
 }  // namespace accelerate::step
 

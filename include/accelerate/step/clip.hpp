@@ -4,6 +4,7 @@
 // Customization point: `step::ClipStep<C>`, specialised for a new Clip policy.
 #pragma once
 
+#include <concepts>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -69,5 +70,18 @@ class ClipStep<ClipValue> {
     torch::nn::utils::clip_grad_value_(optimizer_params(optimizer), options.clip_value);
   }
 };
+
+/// What the step context asks of a Clip policy's step state, stepping with engine `Engine`:
+/// the interface written at ClipStep. The Accelerator checks it once (with the one-process
+/// engine), so a specialisation missing part of it is one error naming the policy.
+/// Example:
+///   static_assert(accelerate::step::ClipStepState<accelerate::step::ClipStep<MyClip>, accelerate::distributed::LocalEngine>);
+template <class S, class Engine>
+concept ClipStepState = std::default_initializable<S> &&
+                        requires(S& state, Engine& engine, const torch::optim::Optimizer& optimizer,
+                                 const ClipOptions& options) {
+                          { S::active } -> std::convertible_to<bool>;
+                          state.apply(engine, optimizer, options);
+                        };
 
 }  // namespace accelerate::step

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -208,5 +209,34 @@ class PrecisionStep<Fp16> : public LossScalingStep<Fp16> {
  public:
   using LossScalingStep<Fp16>::LossScalingStep;
 };
+
+/// What the step context asks of a Precision policy's step state: the interface written at
+/// PrecisionStep. The Accelerator checks it once, so a specialisation missing part of it is one
+/// error naming the policy, not a cascade from inside the step context.
+/// Example:
+///   static_assert(accelerate::step::PrecisionStepState<accelerate::step::PrecisionStep<MyPrecision>>);
+template <class S>
+concept PrecisionStepState =
+    std::constructible_from<S, const PrecisionOptions&, const c10::Device&> &&
+    requires(S& state, const S& cstate, const at::Tensor& loss, torch::optim::Optimizer& optimizer,
+             typename S::OptimizerSlot& slot, const typename S::OptimizerSlot& cslot,
+             typename S::SchedulerSlot& scheduler, const std::vector<at::Tensor>& params,
+             checkpoint::Registry& registry, void (*run_step)(), void (*agree)(at::Tensor&),
+             bool (*follows)(torch::optim::Optimizer&)) {
+      { S::scales_loss } -> std::convertible_to<bool>;
+      { state.scale(loss) } -> std::convertible_to<at::Tensor>;
+      { state.add_optimizer(optimizer) } -> std::convertible_to<typename S::OptimizerSlot>;
+      state.unscale(slot);
+      state.unscale_owners(params, "caller");
+      state.unscale_all("caller");
+      state.agree_on_skip(slot, agree);
+      state.step(slot, run_step);
+      { cstate.skipped(cslot) } -> std::convertible_to<bool>;
+      { cstate.step_skipped() } -> std::convertible_to<bool>;
+      { cstate.loss_scale() } -> std::convertible_to<double>;
+      { state.followed_step_skipped(scheduler, follows) } -> std::convertible_to<bool>;
+      state.register_state(registry);
+      state.release_optimizers();
+    };
 
 }  // namespace accelerate::step
