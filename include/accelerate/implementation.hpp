@@ -41,6 +41,8 @@
 #include <accelerate/detail/check.ipp>
 #include <accelerate/detail/env.ipp>
 #include <accelerate/detail/malloc_tuning.ipp>
+#include <accelerate/distributed/bucket_layout.ipp>
+#include <accelerate/distributed/bucket_reduction.ipp>
 #include <accelerate/distributed/communicator.ipp>
 #include <accelerate/distributed/compression.ipp>
 #include <accelerate/distributed/heartbeat.ipp>

@@ -87,6 +87,7 @@ int train_variant(const Variant& v, const std::string& optimizer_name, torch::Te
   if (reducer == nullptr || reducer->bucket_count() < 3) return 10;
   const int world = acc.num_processes();
   if (reducer->sums_in_rank_order() != (world > 2 && !v.ring)) return 16;  // two ranks keep the all-reduce
+  if (reducer->reduction().name() != (world > 2 && !v.ring ? "rank_ordered_sum" : "all_reduce")) return 17;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + acc.process_index());
   const std::int64_t bytes = parameter_bytes(*net);
   for (int micro = 0; micro < 40; ++micro) {

@@ -149,10 +149,8 @@ ACCELERATE_INLINE ReducerHandle ProcessGroupCore::make_model_sync(
   broadcast_state(module, options.ddp.broadcast_buffers);  // (a parameter cut as built is empty)
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (auto& item : module.named_parameters(true)) params.emplace_back(item.key(), item.value());
-  ReducerOptions reducer_options = ReducerOptions::from(options.ddp, sharding);
-  reducer_options.units = std::move(units);
-  reducer_options.built = std::move(built);
-  auto reducer = std::make_shared<GradientReducer>(std::move(params), comm_, std::move(reducer_options));
+  auto reducer = std::make_shared<GradientReducer>(
+      std::move(params), comm_, ReducerOptions{options.ddp, sharding, std::move(units), std::move(built)});
   reducer->install_hooks();
   std::vector<at::Tensor> buffers;
   if (options.ddp.broadcast_buffers)

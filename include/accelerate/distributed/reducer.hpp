@@ -33,8 +33,9 @@
 #include <accelerate/compat/torch.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/linkage.hpp>
+#include <accelerate/distributed/bucket_layout.hpp>
+#include <accelerate/distributed/bucket_reduction.hpp>
 #include <accelerate/distributed/communicator.hpp>
-#include <accelerate/distributed/compression.hpp>
 #include <accelerate/options.hpp>
 
 namespace accelerate::distributed {
@@ -67,35 +68,23 @@ struct BuiltSlice {
   at::Tensor slice;
 };
 
-/// Bucket sizes, unused-parameter handling, bucket views, arrival order and compression (from
-/// AcceleratorOptions::ddp, where each is documented), and the sharding. Arrival order and
-/// compression apply to Sharding::none (a sharded optimizer's slices are cut from the bucket
-/// layout once, at prepare); views to Sharding::none and optimizer_state, whose buckets
-/// persist (stage 2's live only while their reduce-scatter runs).
+/// What a reducer is built with: the data-parallel options (AcceleratorOptions::ddp, where
+/// each is documented: bucket sizes, unused parameters, bucket views, arrival order, rank-order
+/// sums, compression, stage 3's prefetch and buckets in flight), the sharding, and stage 3's
+/// units and parameters cut as they were built. Arrival order and compression apply to
+/// Sharding::none (a sharded optimizer's slices are cut from the bucket layout once, at
+/// prepare); views to Sharding::none and optimizer_state, whose buckets persist (stage 2's live
+/// only while their reduce-scatter runs).
 struct ReducerOptions {
-  std::size_t bucket_cap_bytes = std::size_t{4} << 20;
-  std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
-  bool find_unused_parameters = false;
+  DdpOptions ddp{};
   Sharding sharding = Sharding::none;
-  bool gradient_as_bucket_view = true;
-  bool bucket_order_from_arrival = true;
-  bool sum_in_rank_order = true;
-  GradientCompression compression = GradientCompression::none;
-  PowerSgdOptions power_sgd{};
   /// Sharding::parameters: the units gathered and released together, as name prefixes (a
   /// parameter "3.weight" belongs to unit "3"); buckets never span two units. Parameters no
   /// prefix names form one more unit, as does everything when this is empty.
   std::vector<std::string> units = {};
-  /// Sharding::parameters: prefetch_unit() starts an all-gather (else it does nothing).
-  bool prefetch_units = true;
-  /// Sharding::gradients and parameters: launched buckets whose full buffers stay alive.
-  std::size_t buckets_in_flight = 2;
   /// Sharding::parameters: the parameters cut as they were built (ShardedEngine::
   /// shard_as_built), each an empty tensor until prepared, by TensorImpl.
   std::unordered_map<const c10::TensorImpl*, BuiltSlice> built = {};
-
-  /// The reducer options of AcceleratorOptions::ddp.
-  static ReducerOptions from(const DdpOptions& ddp, Sharding sharding = Sharding::none);
 };
 
 /// Elements of the contiguous `base` from element `offset`, shaped `sizes` (contiguous),
@@ -140,15 +129,10 @@ struct ShardPiece {
 /// records the order in which gradients become ready; rank 0's order is broadcast and the
 /// buckets rebuilt in it, so each bucket fills, and launches, as early as backward allows.
 ///
-/// Compression (ReducerOptions::compression): a bucket is sent as BucketCompressor makes it
-/// (fp16, bf16, PowerSGD) and what comes back is the average, decompressed into the bucket.
-///
-/// Sums in rank order (ReducerOptions::sum_in_rank_order; Gloo, 3 or more ranks, uncompressed):
-/// each bucket, padded to a multiple of the world size, is reduce-scattered as an all-to-all
-/// whose receiver adds the slices in rank order into its own slice of the bucket, then the
-/// slices are exchanged point to point in place, started as soon as a hook finds the
-/// reduce-scatter done (else at the end of backward), so both halves overlap backward as the
-/// all-reduce did.
+/// How a full bucket is summed (all-reduce, rank-ordered sum, compressed, reduce-scatter) is
+/// a BucketReduction chosen once at construction (bucket_reduction.hpp); where parameters sit
+/// in buckets is a BucketLayout (bucket_layout.hpp). This class is the round: hooks, readiness,
+/// unused parameters, views, and what each rank is left with.
 ///
 /// Sharded (ReducerOptions::sharding), as ZeRO and Megatron's distributed optimizer: each
 /// bucket's flattened parameters are padded to a multiple of the world size and rank r owns
@@ -201,7 +185,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   const std::shared_ptr<JoinContext>& join() const noexcept { return join_; }
   std::size_t join_index() const noexcept { return join_index_; }
 
-  bool finds_unused_parameters() const noexcept { return options_.find_unused_parameters; }
+  bool finds_unused_parameters() const noexcept { return options_.ddp.find_unused_parameters; }
 
   /// Called after a forward pass with its outputs (find_unused_parameters only): the
   /// parameters their autograd graph cannot reach will get no gradient in this backward.
@@ -209,9 +193,12 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
 
   /// Bucket layout: parameter indices per bucket, in launch order (for tests and benchmarks).
   std::vector<std::vector<std::size_t>> bucket_layout() const;
-  std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  std::size_t bucket_count() const noexcept { return layout_.size(); }
   /// The bucket of parameter `index` (an index in parameters()).
-  std::size_t bucket_of(std::size_t index) const { return bucket_of_.at(index); }
+  std::size_t bucket_of(std::size_t index) const { return layout_.bucket_of(index); }
+  /// Where the parameters sit in buckets, and how a full bucket is summed.
+  const BucketLayout& layout() const noexcept { return layout_; }
+  const BucketReduction& reduction() const noexcept { return *reduction_; }
   /// Buckets launched while some gradient of the same backward pass was still to come: the
   /// communication that overlapped computation, counted over the reducer's life.
   std::size_t overlapped_launches() const noexcept { return overlapped_launches_; }
@@ -221,13 +208,16 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::size_t adopted_gradients() const noexcept { return adopted_gradients_; }
   /// Sharded gradients: the most launched buckets whose full buffers were alive at once while
   /// backward went on (at most ReducerOptions::buckets_in_flight), over the reducer's life.
-  std::size_t peak_buckets_in_flight() const noexcept { return peak_buckets_in_flight_; }
+  std::size_t peak_buckets_in_flight() const noexcept {
+    const auto* scattered = dynamic_cast<const ScatteredSum*>(reduction_.get());
+    return scattered ? scattered->peak_in_flight() : 0;
+  }
   /// Whether replicated buckets are summed in rank order (DdpOptions::sum_in_rank_order, in
   /// effect on Gloo with 3 or more ranks).
-  bool sums_in_rank_order() const noexcept { return ordered_sums_; }
+  bool sums_in_rank_order() const noexcept { return reduction_->sums_in_rank_order(); }
   /// Whether the buckets were rebuilt in arrival order (after the first synchronised backward,
   /// when that order differed from the initial one).
-  bool buckets_rebuilt() const { return launch_order() != initial_order(); }
+  bool buckets_rebuilt() const { return layout_.launch_order() != layout_.initial_order(); }
   /// What a checkpoint keeps so that a resumed run synchronises exactly as an uninterrupted
   /// one: the number of synchronised rounds (PowerSGD's start_iteration counts them) and,
   /// once settled from arrival, the bucket order (a resumed run would otherwise use the
@@ -269,7 +259,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// Sharded: the elements [first, second) of parameter `index`, flattened, that rank `rank`
   /// holds (first == second: none). The slices of one parameter are contiguous and in rank
   /// order, and every rank computes every rank's (the layout is the same everywhere).
-  std::pair<int64_t, int64_t> held_by(std::size_t index, int rank) const;
+  std::pair<int64_t, int64_t> held_by(std::size_t index, int rank) const {
+    return layout_.held_by(index, rank, comm_->world_size());
+  }
 
   /// Sharded: after this rank stepped its pieces of bucket `bucket`, every rank's slice to
   /// every rank (one all-gather), so the bucket's parameters are whole and equal everywhere.
@@ -296,7 +288,7 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// Starts the all-gather of `unit`'s parameters (nothing when it is gathered or on its way,
   /// or when ReducerOptions::prefetch_units is off: gather_unit gathers it when it is needed).
   void prefetch_unit(std::size_t unit) {
-    if (options_.prefetch_units) start_gather(unit);
+    if (options_.ddp.prefetch_units) start_gather(unit);
   }
 
   /// After a backward pass that an exception ended (an out-of-memory error, a hook that threw):
@@ -321,22 +313,11 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   void regather_in_backward(const at::Tensor& output, std::size_t unit, std::size_t previous);
 
  private:
-  struct Bucket {
-    std::vector<std::size_t> params;
-    std::vector<int64_t> offsets;  // element offset of each parameter in `flat`
-    at::Tensor flat;               // sharding::gradients: allocated for one round only
-    int64_t padded = 0;            // elements, rounded up to a multiple of the world size
-    at::Tensor shard;              // sharding::gradients: this rank's averaged slice
-    at::TensorOptions options;
-    std::size_t pending = 0;
-    InFlight work;
-    std::vector<InFlight> exchange;  // sums in rank order: the summed slices' sends and receives
-    BucketCompressor compressor;   // compression != none
-    at::Tensor second;             // PowerSGD: the second sum (Q) in flight
-    InFlight second_work;
-    at::Tensor param_shard;        // sharding::parameters: this rank's slice of the parameters
-    at::Tensor param_full;         // sharding::parameters: every parameter; storage freed when released
-    InFlight gather_work;          // sharding::parameters: its all-gather in flight
+  // Stage 3: each bucket's parameters, whole (storage freed while released) and this rank's slice.
+  struct ParameterBucket {
+    at::Tensor shard;  // this rank's slice of the parameters
+    at::Tensor full;   // every parameter; storage freed when released
+    InFlight gather;   // its all-gather in flight
   };
   enum class UnitState { released, in_flight, gathered };
   struct Unit {
@@ -347,10 +328,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   };
 
   bool sharded() const noexcept { return options_.sharding != Sharding::none; }
-  bool scatters() const noexcept {
-    return options_.sharding == Sharding::gradients || options_.sharding == Sharding::parameters;
-  }
+  bool scatters() const noexcept { return reduction_->scatters(); }
   bool shards_parameters() const noexcept { return options_.sharding == Sharding::parameters; }
+  int world() const noexcept { return comm_->world_size(); }
 
   // Called by autograd after a parameter's gradient was accumulated into .grad.
   class ReadyHook : public torch::autograd::FunctionPostHook {
@@ -368,32 +348,21 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     std::size_t index_;
   };
 
-  // Buckets filled with the parameters in `order` (initially reverse registration order).
-  void build_buckets(const std::vector<std::size_t>& order);
-
-  // Reverse registration order: roughly the order backward produces gradients.
-  std::vector<std::size_t> initial_order() const;
-
-  // The parameters in launch order (bucket by bucket).
-  std::vector<std::size_t> launch_order() const;
+  // The buckets laid out with the parameters in `order` and their buffers allocated.
+  void lay_out(const std::vector<std::size_t>& order);
 
   // Whether sharded bucket `bucket` can take `grad` as its buffer: its only parameter, with no
   // padding, dense and contiguous, of the bucket's dtype and device, and held by nobody else
   // (a tensor the user kept would see the reduce-scatter write into it).
-  bool can_adopt(const Bucket& bucket, const at::Tensor& grad) const;
-
-  // Elements of a sharded bucket each rank holds (its padded length divides evenly).
-  int64_t slice_length(const Bucket& bucket) const { return bucket.padded / comm_->world_size(); }
+  bool can_adopt(std::size_t bucket, const at::Tensor& grad) const;
 
   // Parameter i's slot in its bucket's flat tensor (1-D; the bucket must be allocated).
   at::Tensor bucket_slot(std::size_t i) const {
-    const Bucket& bucket = buckets_[bucket_of_[i]];
-    return bucket.flat.narrow(0, bucket.offsets[position_of_[i]], numel_[i]);
+    return buffers_[layout_.bucket_of(i)].flat.narrow(0, layout_.offset_of(i), numel_[i]);
   }
   // Parameter i's slot shaped like the parameter: its .grad with bucket views.
   at::Tensor bucket_view(std::size_t i) const {
-    const Bucket& bucket = buckets_[bucket_of_[i]];
-    return storage_alias(bucket.flat, bucket.offsets[position_of_[i]], shape_[i]);
+    return storage_alias(buffers_[layout_.bucket_of(i)].flat, layout_.offset_of(i), shape_[i]);
   }
 
   // Whether `grad` is the view of the slot of `param` in its bucket.
@@ -442,9 +411,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   void start_gather(std::size_t unit);
 
   // Frees a bucket's full parameters: each parameter an empty tensor until gathered again.
-  void release_bucket(Bucket& bucket) {
-    for (const std::size_t index : bucket.params) params_[index].set_data(at::empty({0}, bucket.options));
-    compat::free_storage(bucket.param_full.storage());
+  void release_bucket(std::size_t bucket) {
+    for (const std::size_t index : layout_[bucket].params)
+      params_[index].set_data(at::empty({0}, buffers_[bucket].options));
+    compat::free_storage(param_buckets_[bucket].full.storage());
   }
 
   // Puts a gradient (zeros when unused or it has none) into its bucket, unless it is its
@@ -452,15 +422,6 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   void mark_ready(std::size_t index, bool used);
 
   void launch_ready_buckets();
-
-  // Sums in rank order: starts the exchange of the summed slices of each launched bucket whose
-  // reduce-scatter is done, in launch order; with `wait`, of every launched bucket. Point to
-  // point, matched by tag, so ranks may start them at different moments: from backward's
-  // hooks without blocking it, and the rest at its end.
-  void start_exchanges(bool wait);
-
-  // Sharded gradients: waits for a bucket's reduce-scatter and frees its full buffer.
-  void retire(Bucket& bucket);
 
   void finish_round();
 
@@ -473,9 +434,6 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   // first synchronised backward of every rank.
   void rebuild_in_arrival_order();
 
-  // `order` as parameter indices when it names every parameter exactly once, else nothing.
-  std::optional<std::vector<std::size_t>> parameter_order(const std::vector<int64_t>& order) const;
-
   // The buckets rebuilt in `order` (when it differs from the current one); gradients that are
   // views into the old buckets move into the new ones. Between rounds only.
   void relayout(const std::vector<std::size_t>& order);
@@ -486,11 +444,15 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
 
   std::shared_ptr<Communicator> comm_;
   ReducerOptions options_;
+  bool views_ = true;         // .grad are views into the buckets (DdpOptions::gradient_as_bucket_view)
+  bool from_arrival_ = true;  // buckets rebuilt in arrival order (DdpOptions::bucket_order_from_arrival)
+  std::unique_ptr<BucketReduction> reduction_;
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;
-  std::vector<Bucket> buckets_;
-  std::vector<std::size_t> bucket_of_;    // parameter -> bucket
-  std::vector<std::size_t> position_of_;  // parameter -> position in its bucket
+  BucketLayout layout_;
+  std::vector<BucketBuffers> buffers_;         // per bucket, as layout_
+  std::vector<std::size_t> pending_;           // per bucket: gradients still to come this round
+  std::vector<ParameterBucket> param_buckets_; // stage 3, per bucket
   std::vector<std::vector<int64_t>> shape_;  // each parameter's shape and element count (stage 3
   std::vector<int64_t> numel_;               // empties released parameters)
   std::vector<std::size_t> unit_of_;  // stage 3: parameter -> unit
@@ -511,21 +473,13 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::vector<at::Tensor> piece_tensors_;   // sharded: views of the parameters' storage
   std::vector<std::size_t> arrival_;  // the first synchronised backward's order of readiness
   std::size_t next_bucket_ = 0;
-  std::size_t next_exchange_ = 0;  // sums in rank order: the next bucket whose slices to exchange
   std::size_t ready_count_ = 0;
   std::size_t overlapped_launches_ = 0;
   std::size_t adopted_gradients_ = 0;
-  std::size_t buckets_in_flight_ = 0;  // sharded gradients: launched, full buffer alive
-  std::size_t peak_buckets_in_flight_ = 0;
   std::size_t sync_rounds_ = 0;
   bool round_open_ = false;
   std::atomic<bool> round_abandoned_{false};  // a backward that opened a round threw
   std::atomic<bool> units_abandoned_{false};  // stage 3: a backward that gathered units threw
-  bool round_compressed_ = false;
-  bool ordered_sums_ = false;  // replicated buckets summed in rank order (DdpOptions::sum_in_rank_order)
-  // Point-to-point tags of the summed slices' exchange, one per bucket (nothing else sends
-  // while gradients synchronise).
-  static constexpr int kGradientSumTag = 1 << 20;
   bool order_settled_ = false;  // the arrival order was looked at (once)
   bool sync_ = true;
   int divisor_ = 0;          // join: ranks averaged over in this round; 0 = all

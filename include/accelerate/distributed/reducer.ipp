@@ -5,13 +5,6 @@
 
 namespace accelerate::distributed {
 
-ACCELERATE_INLINE ReducerOptions ReducerOptions::from(const DdpOptions& ddp, Sharding sharding) {
-  return {ddp.bucket_cap_bytes, ddp.first_bucket_cap_bytes, ddp.find_unused_parameters, sharding,
-          ddp.gradient_as_bucket_view, ddp.bucket_order_from_arrival, ddp.sum_in_rank_order, ddp.compression,
-          ddp.power_sgd,
-          {}, ddp.prefetch_units, ddp.sharded_buckets_in_flight};
-}
-
 ACCELERATE_INLINE at::Tensor storage_alias(const at::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
   at::Tensor alias = at::empty({0}, base.options());
   alias.set_(base.storage(), base.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
@@ -21,16 +14,20 @@ ACCELERATE_INLINE at::Tensor storage_alias(const at::Tensor& base, int64_t offse
 ACCELERATE_INLINE GradientReducer::GradientReducer(std::vector<std::pair<std::string, at::Tensor>> named_params,
                                                    std::shared_ptr<Communicator> comm, ReducerOptions options)
     : comm_(std::move(comm)), options_(std::move(options)) {
-  ACCELERATE_CHECK(!sharded() || options_.compression == GradientCompression::none,
-                   "gradient compression (AcceleratorOptions::ddp.compression = ", to_string(options_.compression),
+  ACCELERATE_CHECK(!sharded() || options_.ddp.compression == GradientCompression::none,
+                   "gradient compression (AcceleratorOptions::ddp.compression = ", to_string(options_.ddp.compression),
                    ") works with replicated data parallel only, not with a sharded backend");
+  reduction_ = make_bucket_reduction(
+      comm_, options_.sharding == Sharding::gradients || options_.sharding == Sharding::parameters, options_.ddp);
+  views_ = options_.ddp.gradient_as_bucket_view;
+  from_arrival_ = options_.ddp.bucket_order_from_arrival;
   if (sharded()) {
     // Stage 1's .grad become views of the (persistent) buckets while a synchronised backward
     // runs, so each fresh gradient is freed as soon as it is in its bucket: one copy of the
     // gradients instead of two at the peak. Stage 2's buckets are freed after each
     // reduce-scatter, so its gradients cannot live in them.
-    if (scatters()) options_.gradient_as_bucket_view = false;
-    options_.bucket_order_from_arrival = false;  // the optimizer's slices are cut from this layout
+    if (scatters()) views_ = false;
+    from_arrival_ = false;  // the optimizer's slices are cut from this layout
   }
   for (auto& [name, p] : named_params) {
     if (!p.requires_grad()) continue;
@@ -53,10 +50,17 @@ ACCELERATE_INLINE GradientReducer::GradientReducer(std::vector<std::pair<std::st
     }
   }
   options_.built.clear();
-  // Two ranks add a + b whatever the order, so the two collectives buy nothing there.
-  ordered_sums_ = options_.sum_in_rank_order && !scatters() && comm_->world_size() > 2 && comm_->sums_in_rank_order();
   assign_units();
-  build_buckets(initial_order());
+  std::vector<BucketedParameter> bucketed;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& p = params_[i];
+    bucketed.push_back({numel_[i], static_cast<std::size_t>(p.element_size()),
+                        {static_cast<int>(p.device().type()), p.device().index(), static_cast<int>(p.scalar_type())},
+                        shards_parameters() ? unit_of_[i] : 0});
+  }
+  layout_ = BucketLayout(std::move(bucketed), options_.ddp.first_bucket_cap_bytes, options_.ddp.bucket_cap_bytes,
+                         sharded() || reduction_->pads() ? world() : 1);
+  lay_out(layout_.initial_order());
   // Each parameter's gradient accumulator, made while the parameter is whole: it records
   // the parameter's shape, and stage 3 releases the parameters right away (one cut as it
   // was built gets its own once shard_parameters has made it whole).
@@ -82,14 +86,14 @@ ACCELERATE_INLINE void GradientReducer::install_hooks() {
 ACCELERATE_INLINE void GradientReducer::shadow_round(int ranks) {
   prepare_joined_round(ranks, true);
   open_round(/*from_backward=*/false);
-  for (const auto& bucket : buckets_)
+  for (const auto& bucket : layout_.buckets())
     for (const std::size_t index : bucket.params) mark_ready(index, /*used=*/false);
   finish_round();
 }
 
 ACCELERATE_INLINE void GradientReducer::expect_gradients_from(const std::vector<at::Tensor>& outputs) {
   unreachable_.clear();
-  if (!options_.find_unused_parameters || !sync_) return;
+  if (!options_.ddp.find_unused_parameters || !sync_) return;
   std::unordered_set<const torch::autograd::Node*> seen;
   std::vector<torch::autograd::Node*> stack;
   for (const auto& t : outputs)
@@ -108,14 +112,14 @@ ACCELERATE_INLINE void GradientReducer::expect_gradients_from(const std::vector<
 
 ACCELERATE_INLINE std::vector<std::vector<std::size_t>> GradientReducer::bucket_layout() const {
   std::vector<std::vector<std::size_t>> out;
-  for (const auto& b : buckets_) out.push_back(b.params);
+  for (const auto& b : layout_.buckets()) out.push_back(b.params);
   return out;
 }
 
 ACCELERATE_INLINE nlohmann::json GradientReducer::layout_state() const {
   nlohmann::json state = {{"sync_rounds", sync_rounds_}, {"order_settled", order_settled_},
                           {"world_size", comm_->world_size()}};
-  if (order_settled_) state["bucket_order"] = launch_order();
+  if (order_settled_) state["bucket_order"] = layout_.launch_order();
   return state;
 }
 
@@ -124,11 +128,11 @@ ACCELERATE_INLINE void GradientReducer::load_layout_state(const nlohmann::json& 
                        state.at("sync_rounds").is_number_unsigned() && state.at("order_settled").is_boolean(),
                    "gradient sync state: expected sync_rounds and order_settled, got ", state.dump());
   const bool settled = state.at("order_settled").get<bool>();
-  std::vector<std::size_t> order = initial_order();
+  std::vector<std::size_t> order = layout_.initial_order();
   if (settled) {
     ACCELERATE_CHECK(state.contains("bucket_order") && state.at("bucket_order").is_array(),
                      "gradient sync state: a settled order needs bucket_order, got ", state.dump());
-    const auto saved = parameter_order(state.at("bucket_order").get<std::vector<std::int64_t>>());
+    const auto saved = layout_.order_from(state.at("bucket_order").get<std::vector<std::int64_t>>());
     ACCELERATE_CHECK(saved.has_value(), "gradient sync state: bucket_order is not an order of this model's ",
                      params_.size(), " parameters: ", state.at("bucket_order").dump());
     order = *saved;
@@ -141,31 +145,31 @@ ACCELERATE_INLINE void GradientReducer::load_layout_state(const nlohmann::json& 
 
 ACCELERATE_INLINE std::map<std::string, at::Tensor> GradientReducer::compression_state() const {
   std::map<std::string, at::Tensor> saved;
-  for (std::size_t b = 0; b < buckets_.size(); ++b)
-    for (auto& [name, tensor] : buckets_[b].compressor.state()) saved["bucket" + std::to_string(b) + "." + name] = tensor;
+  for (std::size_t b = 0; b < layout_.size(); ++b)
+    for (auto& [name, tensor] : reduction_->state(b)) saved["bucket" + std::to_string(b) + "." + name] = tensor;
   return saved;
 }
 
 ACCELERATE_INLINE void GradientReducer::load_compression_state(
     const std::map<std::string, at::Tensor>& saved, int saved_world_size) {
-  std::vector<std::map<std::string, at::Tensor>> per_bucket(buckets_.size());
+  std::vector<std::map<std::string, at::Tensor>> per_bucket(layout_.size());
   for (const auto& [key, tensor] : saved) {
     const auto dot = key.find('.');
-    std::size_t b = buckets_.size();
+    std::size_t b = layout_.size();
     if (key.rfind("bucket", 0) == 0 && dot != std::string::npos) {
       try {
         b = std::stoul(key.substr(6, dot - 6));
       } catch (const std::exception&) {
       }
     }
-    ACCELERATE_CHECK(b < buckets_.size(), "gradient sync state: '", key, "' names no bucket of this model's ",
-                     buckets_.size());
+    ACCELERATE_CHECK(b < layout_.size(), "gradient sync state: '", key, "' names no bucket of this model's ",
+                     layout_.size());
     per_bucket[b][key.substr(dot + 1)] = tensor;
   }
-  for (std::size_t b = 0; b < buckets_.size(); ++b) buckets_[b].compressor.check_state(per_bucket[b]);
-  const bool same_world = saved_world_size < 0 || saved_world_size == comm_->world_size();
-  for (std::size_t b = 0; b < buckets_.size(); ++b)
-    buckets_[b].compressor.load_state(per_bucket[b], buckets_[b].options, same_world);
+  for (std::size_t b = 0; b < layout_.size(); ++b) reduction_->check_state(b, per_bucket[b]);
+  const bool same_world = saved_world_size < 0 || saved_world_size == world();
+  for (std::size_t b = 0; b < layout_.size(); ++b)
+    reduction_->load_state(b, per_bucket[b], buffers_[b].options, same_world);
 }
 
 ACCELERATE_INLINE std::size_t GradientReducer::gradient_memory_bytes() const {
@@ -174,29 +178,20 @@ ACCELERATE_INLINE std::size_t GradientReducer::gradient_memory_bytes() const {
   auto add = [&](const at::Tensor& t) {
     if (t.defined() && seen.insert(t.storage().data()).second) total += t.storage().nbytes();
   };
-  for (const auto& bucket : buckets_) {
+  for (const auto& bucket : buffers_) {
     add(bucket.flat);
     add(bucket.shard);
-    total += bucket.compressor.state_bytes();
   }
+  total += reduction_->state_bytes();
   for (const auto& p : params_) add(p.grad());
   for (const auto& t : piece_tensors_) add(t.grad());
   return total;
 }
 
-ACCELERATE_INLINE std::pair<int64_t, int64_t> GradientReducer::held_by(std::size_t index, int rank) const {
-  const Bucket& bucket = buckets_.at(bucket_of_.at(index));
-  const int64_t length = slice_length(bucket);
-  const int64_t offset = bucket.offsets[position_of_[index]];
-  const int64_t begin = std::clamp<int64_t>(rank * length - offset, 0, numel_[index]);
-  const int64_t end = std::clamp<int64_t>((rank + 1) * length - offset, 0, numel_[index]);
-  return {begin, std::max(begin, end)};
-}
-
 ACCELERATE_INLINE void GradientReducer::gather_parameters(std::size_t bucket_index) {
   torch::NoGradGuard no_grad;
-  const Bucket& bucket = buckets_.at(bucket_index);
-  const int64_t length = slice_length(bucket);
+  const LaidOutBucket& bucket = layout_[bucket_index];
+  const int64_t length = layout_.slice_length(bucket_index, world());
   at::Tensor mine = at::zeros({length}, params_[bucket.params.front()].options().requires_grad(false));
   for (std::size_t k = 0; k < pieces_.size(); ++k)
     if (pieces_[k].bucket == bucket_index)
@@ -214,11 +209,12 @@ ACCELERATE_INLINE void GradientReducer::gather_unit(std::size_t unit) {
   start_gather(unit);
   torch::NoGradGuard no_grad;
   for (const std::size_t b : units_[unit].buckets) {
-    Bucket& bucket = buckets_[b];
-    comm_->wait(bucket.gather_work, "parameter all_gather");
-    bucket.gather_work.reset();
+    ParameterBucket& held = param_buckets_[b];
+    comm_->wait(held.gather, "parameter all_gather");
+    held.gather.reset();
+    const LaidOutBucket& bucket = layout_[b];
     for (std::size_t j = 0; j < bucket.params.size(); ++j)
-      params_[bucket.params[j]].set_data(storage_alias(bucket.param_full, bucket.offsets[j], shape_[bucket.params[j]]));
+      params_[bucket.params[j]].set_data(storage_alias(held.full, bucket.offsets[j], shape_[bucket.params[j]]));
   }
   units_[unit].state = UnitState::gathered;
 }
@@ -226,12 +222,12 @@ ACCELERATE_INLINE void GradientReducer::gather_unit(std::size_t unit) {
 ACCELERATE_INLINE void GradientReducer::release_unit(std::size_t unit) {
   if (unit >= units_.size() || units_[unit].state == UnitState::released) return;
   for (const std::size_t b : units_[unit].buckets) {
-    Bucket& bucket = buckets_[b];
-    if (bucket.gather_work) {  // an all-gather writing into the buffer finishes first
-      comm_->wait(bucket.gather_work, "parameter all_gather");
-      bucket.gather_work.reset();
+    ParameterBucket& held = param_buckets_[b];
+    if (held.gather) {  // an all-gather writing into the buffer finishes first
+      comm_->wait(held.gather, "parameter all_gather");
+      held.gather.reset();
     }
-    release_bucket(bucket);
+    release_bucket(b);
   }
   units_[unit].state = UnitState::released;
 }
@@ -246,81 +242,33 @@ ACCELERATE_INLINE void GradientReducer::regather_in_backward(
   });
 }
 
-ACCELERATE_INLINE void GradientReducer::build_buckets(const std::vector<std::size_t>& order) {
-  // Open bucket per (device type, device index, dtype).
-  std::map<std::tuple<int, int, int>, std::size_t> open;
-  buckets_.clear();
-  bucket_of_.assign(params_.size(), 0);
-  position_of_.assign(params_.size(), 0);
-  std::vector<std::size_t> bucket_bytes;
-  std::size_t unit = shards_parameters() && !order.empty() ? unit_of_[order.front()] : 0;
-  for (const std::size_t k : order) {
-    const auto& p = params_[k];
-    if (shards_parameters() && unit_of_[k] != unit) {  // a unit's buckets are its own
-      open.clear();
-      unit = unit_of_[k];
-    }
-    const std::tuple<int, int, int> key{static_cast<int>(p.device().type()), p.device().index(),
-                                        static_cast<int>(p.scalar_type())};
-    auto it = open.find(key);
-    if (it == open.end()) {
-      buckets_.emplace_back();
-      bucket_bytes.push_back(0);
-      it = open.emplace(key, buckets_.size() - 1).first;
-    }
-    Bucket& bucket = buckets_[it->second];
-    bucket.offsets.push_back(bucket.params.empty()
-                                 ? 0
-                                 : bucket.offsets.back() + numel_[bucket.params.back()]);
-    position_of_[k] = bucket.params.size();
-    bucket.params.push_back(k);
-    bucket_of_[k] = it->second;
-    bucket_bytes[it->second] += static_cast<std::size_t>(numel_[k]) * p.element_size();
-    const std::size_t cap = it->second == 0 ? options_.first_bucket_cap_bytes : options_.bucket_cap_bytes;
-    if (bucket_bytes[it->second] >= cap) open.erase(it);  // full: the next one opens anew
+ACCELERATE_INLINE void GradientReducer::lay_out(const std::vector<std::size_t>& order) {
+  layout_.lay_out(order);
+  buffers_.assign(layout_.size(), BucketBuffers{});
+  pending_.assign(layout_.size(), 0);
+  for (std::size_t b = 0; b < layout_.size(); ++b) {
+    const LaidOutBucket& laid = layout_[b];
+    BucketBuffers& bucket = buffers_[b];
+    bucket.options = params_[laid.params.back()].options().requires_grad(false);
+    // Stage 1 pads the layout (each rank's slice), not the buffer all-reduced.
+    if (scatters()) bucket.shard = at::zeros({layout_.slice_length(b, world())}, bucket.options);
+    else bucket.flat = at::zeros({reduction_->pads() ? laid.padded : laid.length}, bucket.options);
+    pending_[b] = laid.params.size();
   }
-  const int64_t world = comm_->world_size();
-  for (auto& bucket : buckets_) {
-    const auto& last = params_[bucket.params.back()];
-    const int64_t total = bucket.offsets.back() + numel_[bucket.params.back()];
-    bucket.options = last.options().requires_grad(false);
-    bucket.padded = sharded() || ordered_sums_ ? (total + world - 1) / world * world : total;
-    if (scatters()) bucket.shard = at::zeros({slice_length(bucket)}, bucket.options);
-    else bucket.flat = at::zeros({ordered_sums_ ? bucket.padded : total}, bucket.options);
-    bucket.pending = bucket.params.size();
-    if (options_.compression != GradientCompression::none) {
-      std::vector<BucketEntry> entries;
-      for (std::size_t j = 0; j < bucket.params.size(); ++j) {
-        const auto sizes = params_[bucket.params[j]].sizes();
-        entries.push_back({bucket.offsets[j], std::vector<int64_t>(sizes.begin(), sizes.end())});
-      }
-      bucket.compressor = BucketCompressor(options_.compression, options_.power_sgd, std::move(entries));
-    }
-  }
+  reduction_->lay_out(layout_, shape_, buffers_);
 }
 
-ACCELERATE_INLINE std::vector<std::size_t> GradientReducer::initial_order() const {
-  std::vector<std::size_t> reverse(params_.size());
-  for (std::size_t k = 0; k < reverse.size(); ++k) reverse[k] = reverse.size() - 1 - k;
-  return reverse;
-}
-
-ACCELERATE_INLINE std::vector<std::size_t> GradientReducer::launch_order() const {
-  std::vector<std::size_t> order;
-  for (const auto& bucket : buckets_) order.insert(order.end(), bucket.params.begin(), bucket.params.end());
-  return order;
-}
-
-ACCELERATE_INLINE bool GradientReducer::can_adopt(const Bucket& bucket, const at::Tensor& grad) const {
-  return scatters() && bucket.params.size() == 1 && grad.defined() && grad.layout() == at::kStrided &&
-         grad.numel() == bucket.padded && grad.is_contiguous() && grad.dtype() == bucket.options.dtype() &&
+ACCELERATE_INLINE bool GradientReducer::can_adopt(std::size_t b, const at::Tensor& grad) const {
+  const BucketBuffers& bucket = buffers_[b];
+  return scatters() && layout_[b].params.size() == 1 && grad.defined() && grad.layout() == at::kStrided &&
+         grad.numel() == layout_[b].padded && grad.is_contiguous() && grad.dtype() == bucket.options.dtype() &&
          grad.device() == bucket.options.device() && grad.use_count() == 1;
 }
 
 ACCELERATE_INLINE void GradientReducer::build_shard_pieces() {
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    const Bucket& bucket = buckets_[b];
-    const int64_t first = comm_->rank() * slice_length(bucket);
+  for (std::size_t b = 0; b < layout_.size(); ++b) {
+    const LaidOutBucket& bucket = layout_[b];
+    const int64_t first = comm_->rank() * layout_.slice_length(b, world());
     for (std::size_t j = 0; j < bucket.params.size(); ++j) {
       const std::size_t index = bucket.params[j];
       const auto [begin, end] = held_by(index, comm_->rank());
@@ -328,7 +276,7 @@ ACCELERATE_INLINE void GradientReducer::build_shard_pieces() {
       const int64_t shard_offset = bucket.offsets[j] + begin - first;
       pieces_.push_back({index, b, begin, end - begin, shard_offset});
       // Stage 3: a view of the slice this rank keeps; else of the parameter itself.
-      piece_tensors_.push_back(shards_parameters() ? bucket.param_shard.narrow(0, shard_offset, end - begin)
+      piece_tensors_.push_back(shards_parameters() ? param_buckets_[b].shard.narrow(0, shard_offset, end - begin)
                                                    : params_[index].detach().view(-1).narrow(0, begin, end - begin));
     }
   }
@@ -367,10 +315,7 @@ ACCELERATE_INLINE void GradientReducer::open_round(bool from_backward) {
   if (sharded())
     for (auto& piece : piece_tensors_)
       if (piece.grad().defined()) piece.mutable_grad() = piece.grad().clone();
-  // Every bucket of a round is compressed, or none (PowerSGD starts after some rounds).
-  round_compressed_ = options_.compression != GradientCompression::none &&
-                      (options_.compression != GradientCompression::power_sgd ||
-                       sync_rounds_ >= options_.power_sgd.start_iteration);
+  reduction_->open_round(sync_rounds_);
   // What the forward's graph cannot reach is ready now (zeros), not at the end.
   if (!unreachable_.empty())
     for (std::size_t i = 0; i < params_.size(); ++i)
@@ -456,27 +401,30 @@ ACCELERATE_INLINE void GradientReducer::make_accumulator(std::size_t index) {
 
 ACCELERATE_INLINE void GradientReducer::shard_parameters() {
   torch::NoGradGuard no_grad;
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    Bucket& bucket = buckets_[b];
+  param_buckets_.assign(layout_.size(), ParameterBucket{});
+  for (std::size_t b = 0; b < layout_.size(); ++b) {
+    const LaidOutBucket& bucket = layout_[b];
+    ParameterBucket& held = param_buckets_[b];
+    const at::TensorOptions& options = buffers_[b].options;
     units_[unit_of_[bucket.params.front()]].buckets.push_back(b);
-    bucket.param_full = at::zeros({bucket.padded}, bucket.options);
+    held.full = at::zeros({bucket.padded}, options);
     for (std::size_t j = 0; j < bucket.params.size(); ++j) {
       const std::size_t index = bucket.params[j];
-      at::Tensor place = bucket.param_full.narrow(0, bucket.offsets[j], numel_[index]);
+      at::Tensor place = held.full.narrow(0, bucket.offsets[j], numel_[index]);
       if (built_[index].defined()) {
-        at::Tensor whole = at::empty({built_[index].numel() * comm_->world_size()}, bucket.options);
+        at::Tensor whole = at::empty({built_[index].numel() * world()}, options);
         comm_->all_gather_into(whole, built_[index], "stage 3 prepare of parameters cut as they were built");
         place.copy_(whole.narrow(0, 0, numel_[index]));
         built_[index] = at::Tensor();
       } else {
         place.copy_(params_[index].detach().reshape(-1));
       }
-      params_[index].set_data(storage_alias(bucket.param_full, bucket.offsets[j], shape_[index]));
+      params_[index].set_data(storage_alias(held.full, bucket.offsets[j], shape_[index]));
       if (!accumulators_[index]) make_accumulator(index);
     }
-    const int64_t slice = slice_length(bucket);
-    bucket.param_shard = bucket.param_full.narrow(0, comm_->rank() * slice, slice).clone();
-    release_bucket(bucket);
+    const int64_t slice = layout_.slice_length(b, world());
+    held.shard = held.full.narrow(0, comm_->rank() * slice, slice).clone();
+    release_bucket(b);
   }
   for (auto& unit : units_) unit.state = UnitState::released;
 }
@@ -484,9 +432,9 @@ ACCELERATE_INLINE void GradientReducer::shard_parameters() {
 ACCELERATE_INLINE void GradientReducer::start_gather(std::size_t unit) {
   if (unit >= units_.size() || units_[unit].state != UnitState::released) return;
   for (const std::size_t b : units_[unit].buckets) {
-    Bucket& bucket = buckets_[b];
-    compat::allocate_storage(bucket.param_full.storage(), static_cast<std::size_t>(bucket.param_full.nbytes()));
-    bucket.gather_work = comm_->all_gather_into_async(bucket.param_full, bucket.param_shard);
+    ParameterBucket& held = param_buckets_[b];
+    compat::allocate_storage(held.full.storage(), static_cast<std::size_t>(held.full.nbytes()));
+    held.gather = comm_->all_gather_into_async(held.full, held.shard);
   }
   units_[unit].state = UnitState::in_flight;
 }
@@ -498,23 +446,24 @@ ACCELERATE_INLINE void GradientReducer::mark_ready(std::size_t index, bool used)
   // Used earlier in the window: its accumulated .grad is sent, unused in this backward or not.
   used = used || window_used_[index];
   ++ready_count_;
-  if (!order_settled_ && options_.bucket_order_from_arrival) arrival_.push_back(index);
-  Bucket& bucket = buckets_[bucket_of_[index]];
+  if (!order_settled_ && from_arrival_) arrival_.push_back(index);
+  const std::size_t b = layout_.bucket_of(index);
+  BucketBuffers& bucket = buffers_[b];
   at::Tensor& param = params_[index];
   if (!bucket.flat.defined()) {  // sharded gradients: the bucket's buffer lives for this round
-    if (used && can_adopt(bucket, param.grad())) {
+    if (used && can_adopt(b, param.grad())) {
       // The bucket is this one gradient, exactly: autograd's tensor becomes its buffer, not
       // copied, so the gradient does not exist twice while it is sent (bench/README.md).
       bucket.flat = param.grad().detach().view({-1});
       param.mutable_grad().reset();
       ++adopted_gradients_;
-      if (--bucket.pending == 0) launch_ready_buckets();
+      if (--pending_[b] == 0) launch_ready_buckets();
       return;
     }
-    bucket.flat = at::zeros({bucket.padded}, bucket.options);
+    bucket.flat = at::zeros({layout_[b].padded}, bucket.options);
   }
   at::Tensor slot = bucket_slot(index);
-  const bool views = options_.gradient_as_bucket_view;
+  const bool views = views_;
   const at::Tensor& grad = param.grad();
   if (used && grad.defined()) {
     if (!views || !is_view_of(grad, slot, param)) {
@@ -530,60 +479,23 @@ ACCELERATE_INLINE void GradientReducer::mark_ready(std::size_t index, bool used)
   }
   // Sharded gradients: the bucket holds this gradient now; only the shard will be kept.
   if (scatters()) param.mutable_grad().reset();
-  if (--bucket.pending == 0) launch_ready_buckets();
+  if (--pending_[b] == 0) launch_ready_buckets();
 }
 
 ACCELERATE_INLINE void GradientReducer::launch_ready_buckets() {
-  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
-    Bucket& bucket = buckets_[next_bucket_++];
+  while (next_bucket_ < layout_.size() && pending_[next_bucket_] == 0) {
     if (ready_count_ < params_.size()) ++overlapped_launches_;
-    if (scatters()) bucket.work = comm_->reduce_scatter_async(bucket.flat, bucket.shard);
-    else if (round_compressed_) {
-      at::Tensor wire = bucket.compressor.compress(bucket.flat, comm_->world_size());
-      bucket.work = comm_->all_reduce_async(wire);
-    } else if (ordered_sums_) {
-      bucket.work = comm_->gradient_sum_scatter_async(bucket.flat);
-      start_exchanges(/*wait=*/false);
-    } else {
-      bucket.work = comm_->all_reduce_async(bucket.flat);
-    }
-    // Sharded gradients: the full buffers of at most buckets_in_flight launched buckets
-    // stay alive; older ones are awaited and freed while backward goes on (else every
-    // bucket's buffer would coexist until the end of backward: the model's whole gradient
-    // again, measured in bench/README.md).
-    if (!scatters()) continue;
-    ++buckets_in_flight_;
-    if (next_bucket_ > options_.buckets_in_flight) retire(buckets_[next_bucket_ - options_.buckets_in_flight - 1]);
-    peak_buckets_in_flight_ = std::max(peak_buckets_in_flight_, buckets_in_flight_);
+    reduction_->launch(buffers_, next_bucket_++);
   }
-}
-
-ACCELERATE_INLINE void GradientReducer::start_exchanges(bool wait) {
-  for (; next_exchange_ < next_bucket_; ++next_exchange_) {
-    Bucket& bucket = buckets_[next_exchange_];
-    if (!wait && !Communicator::done(bucket.work)) return;
-    comm_->wait(bucket.work, "gradient all_reduce (reduce-scatter)");
-    bucket.work.reset();
-    const int tag = kGradientSumTag + static_cast<int>(next_exchange_);
-    bucket.exchange = comm_->gradient_sum_gather_async(bucket.flat, tag);
-  }
-}
-
-ACCELERATE_INLINE void GradientReducer::retire(Bucket& bucket) {
-  if (!bucket.work) return;
-  comm_->wait(bucket.work, "gradient reduce_scatter");
-  bucket.work.reset();
-  --buckets_in_flight_;
-  bucket.flat.reset();
 }
 
 ACCELERATE_INLINE void GradientReducer::finish_round() {
   round_open_ = false;
-  if (next_bucket_ < buckets_.size()) {
+  if (next_bucket_ < layout_.size()) {
     std::vector<std::string> missing;
     for (std::size_t i = 0; i < params_.size(); ++i)
       if (!ready_[i]) missing.push_back(names_[i]);
-    if (!options_.find_unused_parameters) {
+    if (!options_.ddp.find_unused_parameters) {
       std::ostringstream list;
       for (const auto& name : missing) list << ' ' << name;
       // Launched buckets must still complete, or the peers' next collective would mismatch.
@@ -611,7 +523,7 @@ ACCELERATE_INLINE void GradientReducer::finish_round() {
   }
   // Which parameters received a gradient on some rank (DDP's unused-parameter bitmap).
   at::Tensor used_anywhere;
-  if (options_.find_unused_parameters) {
+  if (options_.ddp.find_unused_parameters) {
     used_anywhere = at::empty({static_cast<int64_t>(params_.size())}, at::TensorOptions().dtype(at::kInt));
     int* flags = used_anywhere.data_ptr<int>();
     for (std::size_t i = 0; i < params_.size(); ++i) flags[i] = used_[i] || window_used_[i] ? 1 : 0;
@@ -621,47 +533,24 @@ ACCELERATE_INLINE void GradientReducer::finish_round() {
   }
   const int* used_flags = used_anywhere.defined() ? used_anywhere.data_ptr<int>() : nullptr;
   torch::NoGradGuard no_grad;
+  // The average is over the ranks that contributed (all, unless some ran out under join).
+  reduction_->finish(buffers_, divisor_ > 0 ? divisor_ : world());
   if (scatters()) {
-    for (auto& bucket : buckets_) {
-      retire(bucket);  // the full buffer lives for one round at most
-      bucket.shard.div_(comm_->world_size());
-    }
     for (std::size_t k = 0; k < pieces_.size(); ++k) {
       if (used_flags && used_flags[pieces_[k].param] == 0) continue;  // unused everywhere: as it was
-      add_to_slice_gradient(k, storage_alias(buckets_[pieces_[k].bucket].shard, pieces_[k].shard_offset,
+      add_to_slice_gradient(k, storage_alias(buffers_[pieces_[k].bucket].shard, pieces_[k].shard_offset,
                                              pieces_[k].length));
     }
     comm_->count_grad_sync_round();
     reset_round();
     return;
   }
-  // The average is over the ranks that contributed (all, unless some ran out under join).
-  const int world = divisor_ > 0 ? divisor_ : comm_->world_size();
-  if (ordered_sums_ && !round_compressed_) start_exchanges(/*wait=*/true);
-  for (auto& bucket : buckets_) {
-    for (const auto& part : bucket.exchange) comm_->wait(part, "gradient all_reduce (slice exchange)");
-    bucket.exchange.clear();
-    if (bucket.work) comm_->wait(bucket.work, "gradient all_reduce");
-    if (!round_compressed_) {
-      bucket.flat.div_(world);
-      continue;
-    }
-    // Compressed: the average comes back; PowerSGD's second factor is summed next, each
-    // bucket's launched before the next bucket is waited for.
-    bucket.second = bucket.compressor.decompress(bucket.flat, world);
-    if (bucket.second.defined()) bucket.second_work = comm_->all_reduce_async(bucket.second);
-  }
-  for (auto& bucket : buckets_) {
-    if (!bucket.second_work) continue;
-    comm_->wait(bucket.second_work, "gradient all_reduce (PowerSGD's second factor)");
-    bucket.compressor.finish(bucket.flat, world);
-  }
   for (std::size_t index = 0; index < params_.size() && !sharded(); ++index) {
     if (used_flags && used_flags[index] == 0) continue;  // unused everywhere: .grad untouched
     at::Tensor& param = params_[index];
     const at::Tensor slot = bucket_slot(index);
     at::Tensor& grad = param.mutable_grad();
-    if (options_.gradient_as_bucket_view) {
+    if (views_) {
       if (!is_view_of(grad, slot, param)) grad = bucket_view(index);
     } else if (grad.defined()) {
       grad.copy_(slot.view(param.sizes()));
@@ -680,14 +569,13 @@ ACCELERATE_INLINE void GradientReducer::finish_round() {
         const at::Tensor& local = params_[piece.param].grad();
         if (local.defined()) add_to_slice_gradient(k, storage_alias(local.contiguous(), piece.begin, piece.length));
       } else {
-        const Bucket& bucket = buckets_[bucket_of_[piece.param]];
-        add_to_slice_gradient(
-            k, storage_alias(bucket.flat, bucket.offsets[position_of_[piece.param]] + piece.begin, piece.length));
+        add_to_slice_gradient(k, storage_alias(buffers_[piece.bucket].flat, layout_.offset_of(piece.param) + piece.begin,
+                                               piece.length));
       }
     }
     for (auto& param : params_) param.mutable_grad().reset();
   }
-  if (!order_settled_ && options_.bucket_order_from_arrival) rebuild_in_arrival_order();
+  if (!order_settled_ && from_arrival_) rebuild_in_arrival_order();
   ++sync_rounds_;
   comm_->count_grad_sync_round();
   reset_round();
@@ -709,32 +597,17 @@ ACCELERATE_INLINE void GradientReducer::rebuild_in_arrival_order() {
   comm_->broadcast(order, 0);
   order = order.cpu();
   const int64_t* received = order.data_ptr<int64_t>();
-  const auto arrival = parameter_order(std::vector<int64_t>(received, received + order.numel()));
+  const auto arrival = layout_.order_from(std::vector<int64_t>(received, received + order.numel()));
   if (arrival) relayout(*arrival);  // else rank 0 saw no complete order: keep the layout
 }
 
-ACCELERATE_INLINE std::optional<std::vector<std::size_t>> GradientReducer::parameter_order(
-    const std::vector<int64_t>& order) const {
-  if (order.size() != params_.size()) return std::nullopt;
-  std::vector<bool> seen(params_.size(), false);
-  std::vector<std::size_t> indices;
-  indices.reserve(order.size());
-  for (const int64_t index : order) {
-    if (index < 0 || index >= static_cast<int64_t>(params_.size()) || seen[static_cast<std::size_t>(index)])
-      return std::nullopt;
-    seen[static_cast<std::size_t>(index)] = true;
-    indices.push_back(static_cast<std::size_t>(index));
-  }
-  return indices;
-}
-
 ACCELERATE_INLINE void GradientReducer::relayout(const std::vector<std::size_t>& order) {
-  if (order == launch_order()) return;
+  if (order == layout_.launch_order()) return;
   std::vector<at::Tensor> moved(params_.size());  // views of the old buckets, kept alive
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (is_view_of(params_[i].grad(), bucket_slot(i), params_[i])) moved[i] = params_[i].grad();
   torch::NoGradGuard no_grad;
-  build_buckets(order);
+  lay_out(order);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (!moved[i].defined()) continue;
     bucket_slot(i).copy_(moved[i].reshape(-1));
@@ -742,25 +615,12 @@ ACCELERATE_INLINE void GradientReducer::relayout(const std::vector<std::size_t>&
   }
 }
 
-ACCELERATE_INLINE void GradientReducer::wait_launched() {
-  const auto quietly = [](const InFlight& work) {
-    try {
-      if (work) work.work->wait();
-    } catch (...) {
-    }
-  };
-  for (std::size_t b = 0; b < next_bucket_; ++b) {
-    quietly(buckets_[b].work);  // none when retired already
-    for (const auto& part : buckets_[b].exchange) quietly(part);
-  }
-}
+ACCELERATE_INLINE void GradientReducer::wait_launched() { reduction_->wait_quietly(buffers_, next_bucket_); }
 
 ACCELERATE_INLINE void GradientReducer::reset_round() {
   divisor_ = 0;
-  buckets_in_flight_ = 0;
   force_sync_ = false;
   next_bucket_ = 0;
-  next_exchange_ = 0;
   ready_count_ = 0;
   std::fill(ready_.begin(), ready_.end(), false);
   std::fill(used_.begin(), used_.end(), false);
@@ -768,14 +628,8 @@ ACCELERATE_INLINE void GradientReducer::reset_round() {
   unreachable_.clear();  // a prediction holds for the one backward after its forward
   late_.clear();
   arrival_.clear();
-  for (auto& bucket : buckets_) {
-    bucket.pending = bucket.params.size();
-    bucket.work.reset();
-    bucket.exchange.clear();
-    bucket.second_work.reset();
-    bucket.second = at::Tensor();
-    if (scatters()) bucket.flat.reset();
-  }
+  for (std::size_t b = 0; b < layout_.size(); ++b) pending_[b] = layout_[b].params.size();
+  reduction_->reset_round(buffers_);
 }
 
 }  // namespace accelerate::distributed
