@@ -150,22 +150,26 @@ class Accelerator {
                 "accelerate: the Clip slot (template argument 4) needs a type that satisfies "
                 "accelerate::ClipPolicy (NoClip, ClipNorm<P>, ClipValue); see <accelerate/policy/clip.hpp>");
   static_assert(detail::accepted<detail::ClipSlot, Clip, ClipPolicy<Clip>>);
-  // And each accepted policy's step state, against its slot's interface (step/*.hpp).
-  static_assert(!PrecisionPolicy<Precision> || detail::precision_with_step<Precision>,
+  // And each accepted policy's step state, against its slot's interface (step/*.hpp); a policy
+  // the slot refused was named above and is not checked again.
+  static constexpr bool precision_step_conforms =
+      !PrecisionPolicy<Precision> || detail::precision_with_step<Precision>;
+  static constexpr bool accumulation_step_conforms =
+      !AccumulationPolicy<Accumulation> || detail::accumulation_with_step<Accumulation>;
+  static constexpr bool clip_step_conforms = !ClipPolicy<Clip> || detail::clip_with_step<Clip>;
+  static_assert(precision_step_conforms,
                 "accelerate: the step state of this Precision policy (step::PrecisionStep<Policy>) does not "
                 "satisfy accelerate::step::PrecisionStepState; see <accelerate/step/precision.hpp> for its interface");
-  static_assert(detail::accepted<detail::PrecisionStepSlot, Precision,
-                                 !PrecisionPolicy<Precision> || detail::precision_with_step<Precision>>);
-  static_assert(!AccumulationPolicy<Accumulation> || detail::accumulation_with_step<Accumulation>,
+  static_assert(detail::accepted<detail::PrecisionStepSlot, Precision, precision_step_conforms>);
+  static_assert(accumulation_step_conforms,
                 "accelerate: the step state of this Accumulation policy (step::AccumulationStep<Policy>) does "
                 "not satisfy accelerate::step::AccumulationStepState; see <accelerate/step/accumulation.hpp> "
                 "for its interface");
-  static_assert(detail::accepted<detail::AccumulationStepSlot, Accumulation,
-                                 !AccumulationPolicy<Accumulation> || detail::accumulation_with_step<Accumulation>>);
-  static_assert(!ClipPolicy<Clip> || detail::clip_with_step<Clip>,
+  static_assert(detail::accepted<detail::AccumulationStepSlot, Accumulation, accumulation_step_conforms>);
+  static_assert(clip_step_conforms,
                 "accelerate: the step state of this Clip policy (step::ClipStep<Policy>) does not satisfy "
                 "accelerate::step::ClipStepState; see <accelerate/step/clip.hpp> for its interface");
-  static_assert(detail::accepted<detail::ClipStepSlot, Clip, !ClipPolicy<Clip> || detail::clip_with_step<Clip>>);
+  static_assert(detail::accepted<detail::ClipStepSlot, Clip, clip_step_conforms>);
 
  public:
   using backend_policy = std::conditional_t<BackendPolicy<Backend>, Backend, SingleProcess>;

@@ -30,6 +30,16 @@ namespace {
 
 using namespace std::chrono_literals;
 using accelerate::testing::TinyNet;
+
+// A sharded engine's models are prepared through its sharded reducer only: data parallel's
+// make_model_sync (an unsharded reducer) is out of reach through the core.
+template <class Core>
+concept prepares_models_unsharded = requires(Core& core, torch::nn::Module& module,
+                                             const accelerate::AcceleratorOptions& options) {
+  core.make_model_sync(module, std::string("model"), options);
+};
+static_assert(prepares_models_unsharded<accelerate::distributed::ProcessGroupCore>);
+static_assert(!prepares_models_unsharded<accelerate::distributed::ShardedCore>);
 using accelerate::testing::flat_parameters;
 using accelerate::testing::job_dir;
 using accelerate::testing::load_tensor;

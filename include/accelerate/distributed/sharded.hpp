@@ -254,6 +254,10 @@ class ShardedCore : public ProcessGroupCore {
   checkpoint::Entry sharded_model_entry(const torch::nn::Module& module, checkpoint::Entry entry);
 
  private:
+  // Data parallel's make_model_sync would prepare an unsharded reducer here; models of a
+  // sharded engine are prepared by make_sharded_model_sync (ShardedEngine::make_model_sync).
+  using ProcessGroupCore::make_model_sync;
+
   struct Model {
     std::string name;
     std::shared_ptr<GradientReducer> reducer;
