@@ -1062,7 +1062,7 @@ class Accelerator {
     for (const auto& entry : ctx_.core.checkpoint.objects())
       if (entry.kind == Kind::optimizer || entry.kind == Kind::scheduler) entries.push_back(&entry);
     for (const auto& entry : ctx_.core.checkpoint.step_states())
-      if (entry.kind == Kind::scaler || entry.kind == Kind::micro_step) entries.push_back(&entry);
+      if (entry.kind == Kind::precision || entry.kind == Kind::micro_step) entries.push_back(&entry);
     // The root takes every state first: one it cannot take ends the scope on every rank
     // instead of leaving the others in a broadcast it never joins.
     const bool mine = process_index() == root;

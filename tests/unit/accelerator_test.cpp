@@ -364,6 +364,79 @@ TEST(Prepare, AnAlreadyPreparedObjectComesBackUnchanged) {
   EXPECT_EQ(loader.epoch(), 1u) << "the copy shares the original's position";
 }
 
+
+// A Precision policy with a forward side and a checkpoint file of its own (the shape an Fp8
+// policy would take): a tag, a step-state specialisation, and the accelerator uses both.
+struct TracedPrecision {
+  static constexpr std::string_view name = "traced";
+  static constexpr bool autocast = false;
+  static constexpr c10::ScalarType dtype = c10::ScalarType::Float;
+};
+
+int traced_scopes_open = 0;
+struct TracedForwardScope {
+  explicit TracedForwardScope(c10::DeviceType) { ++traced_scopes_open; }
+  ~TracedForwardScope() { --traced_scopes_open; }
+  TracedForwardScope(const TracedForwardScope&) = delete;
+  TracedForwardScope& operator=(const TracedForwardScope&) = delete;
+};
+
+}  // namespace
+
+template <>
+class accelerate::step::PrecisionStep<TracedPrecision> : public accelerate::step::PrecisionStep<accelerate::Fp32> {
+ public:
+  using accelerate::step::PrecisionStep<accelerate::Fp32>::PrecisionStep;
+  static constexpr bool wraps_forward = true;
+  using ForwardScope = TracedForwardScope;
+  static at::Tensor forward_output(at::Tensor output, const accelerate::PrecisionOptions&) { return output * 2; }
+  static void register_state(accelerate::checkpoint::Registry& registry) {
+    registry.add({.kind = accelerate::checkpoint::Entry::Kind::precision,
+                  .owner = accelerate::checkpoint::EntryOwner::main_rank,
+                  .save =
+                      [] {
+                        accelerate::StateDict state;
+                        state.values["scopes_open"] = traced_scopes_open;
+                        return state;
+                      },
+                  .load = [](const accelerate::StateDict&) {},
+                  .stem = "traced_meta"});
+  }
+};
+
+namespace {
+
+// Records how many forward scopes were open while it ran.
+struct ScopeProbeImpl : torch::nn::Module {
+  ScopeProbeImpl() : linear(register_module("linear", torch::nn::Linear(3, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    open_during_forward = traced_scopes_open;
+    return linear(x);
+  }
+  torch::nn::Linear linear;
+  int open_during_forward = -1;
+};
+TORCH_MODULE(ScopeProbe);
+
+TEST(PreparedModel, RunsForwardUnderThePrecisionStepsScopeAndHandsBackItsOutput) {
+  accelerate::Accelerator<accelerate::SingleProcess, TracedPrecision> acc;
+  ScopeProbe net;
+  auto [model] = acc.prepare(net);
+  const auto x = torch::randn({4, 3});
+  const auto out = model(x);
+  EXPECT_EQ(net->open_during_forward, 1);
+  EXPECT_EQ(traced_scopes_open, 0) << "closed after forward";
+  EXPECT_TRUE(torch::equal(out, net->linear(x) * 2));
+}
+
+TEST(SaveState, APrecisionPolicyNamesItsOwnFile) {
+  TempDir dir;
+  accelerate::Accelerator<accelerate::SingleProcess, TracedPrecision> acc;
+  acc.save_state(dir.path() / "checkpoint");
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "checkpoint" / "traced_meta.json"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "checkpoint" / "scaler.json"));
+}
+
 }  // namespace
 
 namespace {

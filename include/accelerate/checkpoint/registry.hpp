@@ -42,9 +42,10 @@ enum class EntryOwner {
 /// size, which the configuration check let through): it is re-cut as well.
 struct Entry {
   /// What the entry is: it names its file (state_stem) and is counted in the manifest.
-  /// `scaler`, `micro_step` and `gradient_sync` (a prepared model's bucket layout) are the
-  /// accelerator's own step states, not user objects.
-  enum class Kind { model, optimizer, scheduler, dataloader, custom, scaler, micro_step, gradient_sync };
+  /// `precision` (the Precision policy's state: Fp16's grad scaler), `micro_step` and
+  /// `gradient_sync` (a prepared model's bucket layout) are the accelerator's own step states,
+  /// not user objects.
+  enum class Kind { model, optimizer, scheduler, dataloader, custom, precision, micro_step, gradient_sync };
   Kind kind;
   EntryOwner owner = EntryOwner::main_rank;
   std::function<StateDict()> save;
@@ -52,12 +53,15 @@ struct Entry {
   std::function<void(const StateDict&)> check = {};
   std::function<StateDict(const std::vector<StateDict>& saved_by_rank)> reshard = {};
   std::function<bool(const StateDict& saved)> laid_out_otherwise = {};
+  /// A step state's own file stem (the Precision policy names its file: Fp16's "scaler");
+  /// empty: its kind's (state_stem).
+  std::string stem = {};
 };
 
 /// Whether entries of `kind` are the accelerator's step states rather than objects (not
 /// counted in the manifest, not in Accelerator::checkpoint_entries()).
 constexpr bool is_step_state(Entry::Kind kind) noexcept {
-  return kind == Entry::Kind::scaler || kind == Entry::Kind::micro_step || kind == Entry::Kind::gradient_sync;
+  return kind == Entry::Kind::precision || kind == Entry::Kind::micro_step || kind == Entry::Kind::gradient_sync;
 }
 
 /// Everything a checkpoint holds, in registration order.

@@ -7,7 +7,7 @@
 //   optimizer.{safetensors,json}, optimizer_1...      optimizer state and param groups
 //   scheduler.json, scheduler_1.json ...              scheduler step counts
 //   dl_state_dict.json, dl_state_dict_1.json ...      dataloader positions
-//   scaler.json                                       grad scaler (Fp16)
+//   scaler.json                                       grad scaler (Fp16's own stem)
 //   random_states_<rank>.{safetensors,json}           each rank's RNGs and micro-step counter
 //   custom_checkpoint_<i>.{safetensors,json}          register_for_checkpointing objects
 //   accelerate_state.json                             manifest, written last
@@ -54,8 +54,9 @@ namespace accelerate::checkpoint {
 inline constexpr const char* state_format = "accelerate-cpp/state/1";
 
 /// Accelerate's file stem for the index-th object of a kind ("model", "model_1",
-/// "dl_state_dict", "custom_checkpoint_0", "scaler" ...). The micro-step counter and the
-/// models' gradient-sync layouts have none: they travel in each rank's random_states_<rank>.
+/// "dl_state_dict", "custom_checkpoint_0" ...). The micro-step counter and the models'
+/// gradient-sync layouts have none: they travel in each rank's random_states_<rank>. A
+/// Precision policy's state is named by the policy (Entry::stem; Fp16's "scaler").
 std::string state_stem(Entry::Kind kind, std::size_t index);
 
 /// Whether an entry travels in its rank's random_states_<rank> file, beside the RNGs: a step
@@ -64,9 +65,12 @@ inline bool in_rank_file(const Entry& entry) {
   return is_step_state(entry.kind) && entry.owner == EntryOwner::every_rank;
 }
 
-/// The file stem of an entry: its kind's stem, with "_rank<r>" for state each rank owns.
+/// The file stem of an entry: its own (Entry::stem) or its kind's, numbered as its kind's
+/// from the second on, with "_rank<r>" for state each rank owns.
 inline std::string entry_stem(const Entry& entry, std::size_t index, int rank) {
-  const std::string stem = state_stem(entry.kind, index);
+  const std::string stem = entry.stem.empty()  ? state_stem(entry.kind, index)
+                           : index == 0        ? entry.stem
+                                               : entry.stem + "_" + std::to_string(index);
   return entry.owner == EntryOwner::every_rank ? stem + "_rank" + std::to_string(rank) : stem;
 }
 

@@ -16,7 +16,7 @@ ACCELERATE_INLINE std::string state_stem(Entry::Kind kind, std::size_t index) {
     case Kind::scheduler: return numbered("scheduler");
     case Kind::dataloader: return numbered("dl_state_dict");
     case Kind::custom: return "custom_checkpoint_" + std::to_string(index);
-    case Kind::scaler: return numbered("scaler");
+    case Kind::precision: return numbered("precision");
     case Kind::micro_step:
     case Kind::gradient_sync: return "random_states";
   }
@@ -31,7 +31,7 @@ ACCELERATE_INLINE const char* kind_name(Entry::Kind kind) {
     case Kind::scheduler: return "scheduler";
     case Kind::dataloader: return "dataloader";
     case Kind::custom: return "custom";
-    case Kind::scaler: return "scaler";
+    case Kind::precision: return "precision";
     case Kind::micro_step: return "micro_step";
     case Kind::gradient_sync: return "gradient_sync";
   }

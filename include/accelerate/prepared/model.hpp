@@ -1,5 +1,6 @@
 // PreparedModel: the user's module on the accelerator's device, called like the module, with
-// the precision policy's autocast around forward and, when distributed, its gradient reducer.
+// the precision policy's forward side (its step state's ForwardScope and forward_output) and,
+// when distributed, its gradient reducer.
 #pragma once
 
 #include <memory>
@@ -11,7 +12,7 @@
 
 #include <accelerate/data/batch.hpp>
 #include <accelerate/prepared/preparable.hpp>
-#include <accelerate/scope/autocast.hpp>
+#include <accelerate/step/precision.hpp>
 
 namespace accelerate {
 
@@ -19,7 +20,8 @@ namespace accelerate {
 /// holder or a std::shared_ptr<Impl>); `Acc` the accelerator.
 ///   - Fp32 with one process: holds only the module; operator() is a direct forward call.
 ///   - Bf16/Fp16: forward runs under autocast and floating outputs come back as fp32
-///     (PrecisionOptions::convert_outputs_to_fp32).
+///     (PrecisionOptions::convert_outputs_to_fp32), as the policy's step state says
+///     (step::AutocastForward).
 ///   - Distributed: also holds the model's gradient reducer (see distributed/reducer.hpp);
 ///     before each forward rank 0's buffers are broadcast (DdpOptions::broadcast_buffers),
 ///     so every rank must call it, as with PyTorch DDP.
@@ -31,19 +33,19 @@ namespace accelerate {
 template <class Holder, class Acc>
 class PreparedModel {
   using Impl = typename detail::module_impl<Holder>::type;
-  using Precision = typename Acc::precision_policy;
+  using PrecisionStep = step::PrecisionStep<typename Acc::precision_policy>;
   using ModelSync = typename Acc::engine_type::ModelSync;
   using Context = typename Acc::context_type;
-  using ContextRef = detail::context_ref<const Context, Precision::autocast>;
+  using ContextRef = detail::context_ref<const Context, PrecisionStep::wraps_forward>;
 
  public:
   PreparedModel(Holder module, const Context* context, ModelSync sync)
       : module_(std::move(module)), context_(context), sync_(std::move(sync)) {}
 
-  /// Calls the module's forward with the policy's autocast.
+  /// Calls the module's forward under the precision policy's forward scope.
   template <class... Args>
   decltype(auto) operator()(Args&&... args) {
-    if constexpr (!Precision::autocast) {
+    if constexpr (!PrecisionStep::wraps_forward) {
       if constexpr (tracks_outputs) {
         sync_.before_forward();
         auto output = call_forward(std::forward<Args>(args)...);
@@ -55,20 +57,11 @@ class PreparedModel {
     } else {
       if constexpr (tracks_outputs) sync_.before_forward();
       auto output = [&] {
-        AutocastScope<Precision> scope(context_->device().type());
+        typename PrecisionStep::ForwardScope scope(context_->device().type());
         return call_forward(std::forward<Args>(args)...);
       }();
       if constexpr (tracks_outputs) after_forward(output);
-      if constexpr (data::is_nested_v<decltype(output)>) {
-        if (context_->options().precision.convert_outputs_to_fp32) {
-          return data::map_tensors(output, [](const at::Tensor& t) {
-            const bool half = t.defined() && (t.scalar_type() == at::kHalf ||
-                                              t.scalar_type() == at::kBFloat16);
-            return half ? t.to(at::kFloat) : t;
-          });
-        }
-      }
-      return output;
+      return PrecisionStep::forward_output(std::move(output), context_->options().precision);
     }
   }
 

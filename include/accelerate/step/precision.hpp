@@ -20,9 +20,11 @@
 #include <accelerate/amp/grad_scaler.hpp>
 #include <accelerate/checkpoint/registry.hpp>
 #include <accelerate/compat/torch.hpp>
+#include <accelerate/data/batch.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/options.hpp>
 #include <accelerate/policy/precision.hpp>
+#include <accelerate/scope/autocast.hpp>
 #include <accelerate/step/optimizer_params.hpp>
 
 namespace accelerate::step {
@@ -38,11 +40,46 @@ void check_autocast_supported(const c10::Device& device) {
   }
 }
 
+/// The forward side of Precision policy `P`, which a step state derives from (or declares
+/// alike): the prepared model opens ForwardScope around the module's forward and hands the
+/// caller forward_output() of what it returned. For an autocasting policy that is
+/// AutocastScope<P>, and floating outputs back in fp32 (PrecisionOptions::
+/// convert_outputs_to_fp32, as Accelerate's); for one that does not (Fp32), wraps_forward is
+/// false and the prepared model calls the module directly, holding nothing else.
+/// Example (a policy with a forward of its own):
+///   struct Fp8Forward { explicit Fp8Forward(c10::DeviceType); ... };
+///   template <> class accelerate::step::PrecisionStep<Fp8> : public PrecisionStep<Bf16> {
+///    public:
+///     using PrecisionStep<Bf16>::PrecisionStep;
+///     using ForwardScope = Fp8Forward;
+///   };
+template <class P>
+struct AutocastForward {
+  /// Whether the prepared model does anything around the module's forward.
+  static constexpr bool wraps_forward = P::autocast;
+  /// Opened around the module's forward, given the accelerator's device type.
+  using ForwardScope = AutocastScope<P>;
+  /// What the caller receives of the forward's output (a tensor, or a nest of them).
+  template <class Output>
+  static Output forward_output(Output output, const PrecisionOptions& options) {
+    if constexpr (P::autocast && data::is_nested_v<Output>) {
+      if (options.convert_outputs_to_fp32) {
+        return data::map_tensors(output, [](const at::Tensor& t) {
+          const bool half = t.defined() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16);
+          return half ? t.to(at::kFloat) : t;
+        });
+      }
+    }
+    return output;
+  }
+};
+
 /// The step state of Precision policy `P`. This primary template is the policy that only
 /// autocasts (its forward runs under AutocastScope<P>): the loss is backpropagated as it is,
 /// optimizers keep nothing and always step, and it is an empty type. A specialisation has the
 /// same interface:
 ///   PrecisionStep(const PrecisionOptions&, const c10::Device&);   // validates the device
+///   wraps_forward; ForwardScope; forward_output(output, options);  // AutocastForward<P>
 ///   static constexpr bool scales_loss;
 ///   scale(loss);                      // what backward() backpropagates
 ///   OptimizerSlot add_optimizer(opt); // what a prepared optimizer keeps
@@ -52,10 +89,11 @@ void check_autocast_supported(const c10::Device& device) {
 ///   skipped(slot); step_skipped(); loss_scale(); register_state(registry);
 ///   SchedulerSlot; followed_step_skipped(scheduler_slot, follows);  // a scheduler's optimizer
 ///   release_optimizers();             // free_memory()
+///   register_state(registry);         // its checkpoint entry (Kind::precision), naming its file
 /// Example:
 ///   static_assert(std::is_empty_v<accelerate::step::PrecisionStep<accelerate::Bf16>>);
 template <class P>
-class PrecisionStep {
+class PrecisionStep : public AutocastForward<P> {
  public:
   /// What a prepared optimizer keeps for this policy: nothing.
   struct OptimizerSlot {};
@@ -92,7 +130,7 @@ class PrecisionStep {
 /// (before clipping), a step whose gradients hold an inf or NaN is skipped and the scale
 /// adjusted. The scaler's state is saved with the checkpoint.
 template <PrecisionPolicy P>
-class LossScalingStep {
+class LossScalingStep : public AutocastForward<P> {
  public:
   /// Per optimizer: its parameters, whether they were unscaled in this step, what was found.
   using OptimizerSlot = std::shared_ptr<OptimizerAmpState>;
@@ -182,11 +220,14 @@ class LossScalingStep {
   double loss_scale() const { return scaler_.get_scale(); }
   GradScaler& scaler() noexcept { return scaler_; }
 
-  /// The scaler is one file of the checkpoint, written by the main rank.
+  /// The scaler is one file of the checkpoint, written by the main rank: scaler.json, as
+  /// Accelerate names it.
   void register_state(checkpoint::Registry& registry) {
-    registry.add({checkpoint::Entry::Kind::scaler, checkpoint::EntryOwner::main_rank,
-                  [this] { return scaler_.state_dict(); },
-                  [this](const StateDict& s) { scaler_.load_state_dict(s); }});
+    registry.add({.kind = checkpoint::Entry::Kind::precision,
+                  .owner = checkpoint::EntryOwner::main_rank,
+                  .save = [this] { return scaler_.state_dict(); },
+                  .load = [this](const StateDict& s) { scaler_.load_state_dict(s); },
+                  .stem = "scaler"});
   }
 
  private:
@@ -222,7 +263,10 @@ concept PrecisionStepState =
              typename S::OptimizerSlot& slot, const typename S::OptimizerSlot& cslot,
              typename S::SchedulerSlot& scheduler, const std::vector<at::Tensor>& params,
              checkpoint::Registry& registry, void (*run_step)(), void (*agree)(at::Tensor&),
-             bool (*follows)(torch::optim::Optimizer&)) {
+             bool (*follows)(torch::optim::Optimizer&), const PrecisionOptions& options) {
+      { S::wraps_forward } -> std::convertible_to<bool>;
+      requires std::constructible_from<typename S::ForwardScope, c10::DeviceType>;
+      { S::forward_output(loss, options) } -> std::same_as<at::Tensor>;
       { S::scales_loss } -> std::convertible_to<bool>;
       { state.scale(loss) } -> std::convertible_to<at::Tensor>;
       { state.add_optimizer(optimizer) } -> std::convertible_to<typename S::OptimizerSlot>;
