@@ -14,5 +14,8 @@
 #include <accelerate/launch/preemption.hpp>
 #include <accelerate/memory/estimate.hpp>
 #include <accelerate/presets.hpp>
+#include <accelerate/track/csv.hpp>
+#include <accelerate/track/jsonl.hpp>
 #include <accelerate/track/progress.hpp>
+#include <accelerate/track/tensorboard.hpp>
 #include <accelerate/version.hpp>

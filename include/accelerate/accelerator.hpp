@@ -44,6 +44,7 @@
 #include <accelerate/detail/type_name.hpp>
 #include <accelerate/distributed/collectives.hpp>
 #include <accelerate/distributed/engine.hpp>
+#include <accelerate/distributed/join_state.hpp>
 #include <accelerate/distributed/local_engine.hpp>
 #include <accelerate/distributed/reduction.hpp>
 #include <accelerate/distributed/stats.hpp>
@@ -66,11 +67,9 @@
 #include <accelerate/scope/autocast.hpp>
 #include <accelerate/scope/join.hpp>
 #include <accelerate/step/context.hpp>
-#include <accelerate/track/csv.hpp>
-#include <accelerate/track/jsonl.hpp>
 #include <accelerate/track/profile.hpp>
-#include <accelerate/track/tensorboard.hpp>
 #include <accelerate/track/tracker.hpp>
+#include <accelerate/track/trackers.hpp>
 
 namespace accelerate::detail {
 
@@ -435,7 +434,7 @@ class Accelerator {
     } catch (...) {
       failure = std::current_exception();
     }
-    const int failed = first_failed_rank(failure != nullptr);
+    const int failed = distributed::first_flagged_rank(ctx_.engine, failure != nullptr);
     if (failure) std::rethrow_exception(failure);
     ACCELERATE_CHECK(failed < 0, "save_model: rank ", failed, " failed writing ", dir.string(),
                      " (its own error names the cause); the folder is as it was");
@@ -581,7 +580,9 @@ class Accelerator {
                   "collectives that a rank which ran out of batches cannot match; use even_batches");
     if constexpr (requires(engine_type& e, std::vector<model_sync_type*> m) { e.join_uneven_inputs(m); }) {
       return ctx_.engine.join_uneven_inputs(std::vector<model_sync_type*>{&models.model_sync()...},
-                                            [this](int root) { adopt_training_state_from(root); });
+                                            [this](int root) {
+                                              distributed::adopt_training_state(ctx_.engine, ctx_.core.checkpoint, root);
+                                            });
     } else {
       ((void)models, ...);
       return {};
@@ -718,7 +719,7 @@ class Accelerator {
   /// init_trackers() starts.
   template <Tracker T>
   void add_tracker(T tracker) {
-    if (is_main_process()) ctx_.core.trackers.emplace_back(std::move(tracker));
+    if (is_main_process()) ctx_.core.trackers.add(std::move(tracker));
   }
 
   /// Starts the trackers of TrackingOptions::log_with (under logging_dir/project_name) and
@@ -726,31 +727,19 @@ class Accelerator {
   /// Example:
   ///   acc.init_trackers("fashion_mnist", {{"lr", 1e-3}, {"batch_size", 64}});
   void init_trackers(const std::string& project_name, const nlohmann::json& config = nlohmann::json::object()) {
-    if (!is_main_process()) return;
-    const auto& o = ctx_.core.options.tracking;
-    const auto& project_dir = ctx_.core.options.project.project_dir;
-    const std::filesystem::path dir = !o.logging_dir.empty() ? o.logging_dir : !project_dir.empty() ? project_dir : ".";
-    auto wants = [&](const char* name) {
-      return std::find(o.log_with.begin(), o.log_with.end(), name) != o.log_with.end() ||
-             std::find(o.log_with.begin(), o.log_with.end(), "all") != o.log_with.end();
-    };
-    auto& trackers = ctx_.core.trackers;
-    if (wants("jsonl")) trackers.emplace_back(JsonlTracker(dir));
-    if (wants("csv")) trackers.emplace_back(CsvTracker(dir));
-    if (wants("tensorboard")) trackers.emplace_back(TensorBoardTracker(dir));
-    for (auto& tracker : trackers) tracker.start(project_name, config);
+    if (is_main_process())
+      ctx_.core.trackers.start(project_name, config, ctx_.core.options.tracking, ctx_.core.options.project.project_dir);
   }
 
   /// Records scalar metrics at `step` with every tracker.
   /// Example: acc.log({{"loss", loss.item<double>()}, {"lr", lr}}, step);
   void log(const Metrics& values, std::int64_t step) {
-    for (auto& tracker : ctx_.core.trackers) tracker.log(values, step);
+    ctx_.core.trackers.log(values, step);
   }
 
   /// Finishes the trackers and waits for every rank (Accelerate's end_training).
   void end_training() {
-    for (auto& tracker : ctx_.core.trackers) tracker.finish();
-    ctx_.core.trackers.clear();
+    ctx_.core.trackers.finish();
     wait_for_everyone();
   }
 
@@ -765,13 +754,7 @@ class Accelerator {
     const bool local = ctx_.core.trigger || preemption_requested();
     ctx_.core.trigger = false;
     clear_preemption_request();
-    if constexpr (!distributed) {
-      return local;
-    } else {
-      at::Tensor flag = at::tensor({local ? 1 : 0}, at::kInt).to(ctx_.core.device);
-      ctx_.engine.all_reduce(flag, Reduction::max);
-      return flag.item<int>() > 0;
-    }
+    return distributed::any_process(ctx_.engine, local);
   }
 
   /// Runs `fn` on the main process only; returns whether it ran.
@@ -905,19 +888,7 @@ class Accelerator {
             ctx_.core.options.process_group.timeout,
             [this](const std::filesystem::path& dir) { ctx_.core.state_hooks.run_save(dir); },
             [this](const std::filesystem::path& dir) { ctx_.core.state_hooks.run_load(dir); },
-            [this](bool failed) { return first_failed_rank(failed); }};
-  }
-
-  /// The lowest rank that passes true, or -1 when none does: how the ranks agree that a step
-  /// one of them failed alone is over for all (collective: one small all-reduce).
-  int first_failed_rank(bool failed) {
-    int first = failed ? process_index() : num_processes();
-    if constexpr (distributed) {
-      at::Tensor rank = at::full({1}, first, at::TensorOptions().dtype(at::kInt)).to(ctx_.engine.collective_device());
-      ctx_.engine.all_reduce(rank, Reduction::min);
-      first = rank.cpu().item<int>();
-    }
-    return first < num_processes() ? first : -1;
+            [this](bool failed) { return distributed::first_flagged_rank(ctx_.engine, failed); }};
   }
 
   static const AcceleratorOptions& validated(const AcceleratorOptions& options) {
@@ -994,24 +965,10 @@ class Accelerator {
     if constexpr (DataLoaderSpec<U>) {
       using Dataset = typename decltype(data.dataset)::element_type;
       using Source = detail::DatasetSource<Dataset>;
-      data::ShardSpec spec;
-      spec.dataset_size = Source::dataset_size(*data.dataset);
-      spec.batch_size = data.options.batch_size;
-      spec.world_size = static_cast<std::size_t>(num_processes());
-      ACCELERATE_CHECK(spec.batch_size > 0, "prepare: DataLoaderOptions::batch_size must be > 0");
-      if (ctx_.core.options.data.split_batches) {
-        ACCELERATE_CHECK(spec.batch_size % spec.world_size == 0, "prepare: with data.split_batches the batch_size ",
-                         spec.batch_size, " is the global batch and must divide between the ", spec.world_size,
-                         " processes");
-        spec.batch_size /= spec.world_size;
-        spec.split_batches = true;
-      }
-      spec.rank = static_cast<std::size_t>(process_index());
-      spec.shuffle = data.options.shuffle;
-      spec.drop_last = data.options.drop_last;
-      spec.even_batches = ctx_.core.options.data.even_batches;
-      // Drawing a seed consumes the global generator, so only a shuffling loader does it.
-      spec.seed = data.options.seed ? *data.options.seed : spec.shuffle ? shared_random_seed() : 0;
+      const data::ShardSpec spec = data::loader_shard_spec(
+          data.options, Source::dataset_size(*data.dataset), static_cast<std::size_t>(num_processes()),
+          static_cast<std::size_t>(process_index()), ctx_.core.options.data.split_batches,
+          ctx_.core.options.data.even_batches, [this] { return shared_random_seed(); });
       const typename Source::Workers workers{data.options.num_workers, data.options.prefetch_factor};
       return register_loader(PreparedDataLoader<Source, Accelerator>(Source(data.dataset, spec, workers), &ctx_));
     } else if constexpr (MapDataset<U>) {
@@ -1052,55 +1009,8 @@ class Accelerator {
 
   std::size_t count(detail::CheckpointEntry::Kind kind) const { return ctx_.core.checkpoint.count(kind); }
 
-  /// After join_uneven_inputs: the optimizers', schedulers', grad scaler's and micro-step
-  /// counter's state of rank `root` (the last to finish) on every rank, as a checkpoint would
-  /// carry it: the values as JSON text and the tensors, in one broadcast_packed per entry.
-  void adopt_training_state_from(int root) {
-    using Kind = checkpoint::Entry::Kind;
-    using Packed = std::pair<std::string, std::map<std::string, at::Tensor>>;
-    std::vector<const checkpoint::Entry*> entries;
-    for (const auto& entry : ctx_.core.checkpoint.objects())
-      if (entry.kind == Kind::optimizer || entry.kind == Kind::scheduler) entries.push_back(&entry);
-    for (const auto& entry : ctx_.core.checkpoint.step_states())
-      if (entry.kind == Kind::precision || entry.kind == Kind::micro_step) entries.push_back(&entry);
-    // The root takes every state first: one it cannot take ends the scope on every rank
-    // instead of leaving the others in a broadcast it never joins.
-    const bool mine = process_index() == root;
-    std::vector<Packed> sent(mine ? entries.size() : 0);
-    std::exception_ptr failure;
-    try {
-      for (std::size_t i = 0; i < sent.size(); ++i) {
-        StateDict state = entries[i]->save();
-        sent[i] = {state.values.dump(), std::move(state.tensors)};
-      }
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    const int failed = first_failed_rank(failure != nullptr);
-    if (failure) std::rethrow_exception(failure);
-    ACCELERATE_CHECK(failed < 0, "join_uneven_inputs: rank ", failed, ", the last to finish, could not share its "
-                     "optimizer, scheduler and scaler state (its own error names the cause)");
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      const auto packed = distributed::broadcast_packed(ctx_.engine, mine ? &sent[i] : nullptr, root);
-      if (mine || !packed) continue;
-      auto [values, tensors] = data::unpack_batch<Packed>(packed->first, packed->second);
-      StateDict state;
-      state.values = nlohmann::json::parse(values);
-      state.tensors = std::move(tensors);
-      entries[i]->load(state);
-    }
-  }
-
   /// A seed drawn from torch's CPU generator on rank 0 and shared by all ranks.
-  std::uint64_t shared_random_seed() {
-    std::uint64_t seed = detail::draw_random_seed();
-    if constexpr (distributed) {
-      at::Tensor value = at::tensor({static_cast<int64_t>(seed)}, at::kLong).to(ctx_.core.device);
-      ctx_.engine.broadcast(value, 0);  // on the device: NCCL takes no CPU tensors
-      seed = static_cast<std::uint64_t>(value.item<int64_t>());
-    }
-    return seed;
-  }
+  std::uint64_t shared_random_seed() { return distributed::broadcast_seed(ctx_.engine, detail::draw_random_seed()); }
 
   void refuse_nonfinite_loss(const at::Tensor& loss) {
     const auto call = ++ctx_.core.losses_checked;

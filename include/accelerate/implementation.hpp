@@ -70,3 +70,4 @@
 #include <accelerate/track/profile.ipp>
 #include <accelerate/track/progress.ipp>
 #include <accelerate/track/tensorboard.ipp>
+#include <accelerate/track/trackers.ipp>

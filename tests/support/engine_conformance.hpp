@@ -199,6 +199,19 @@ void mismatches_are_errors_on_every_rank(E& engine) {
 }
 
 // One list of the cases: the typed tests and the workers of every runner are made from it.
+template <class E>
+void flags_and_seeds_agree(E& engine) {
+  const int last = engine.world_size() - 1;
+  CONFORM(dist::first_flagged_rank(engine, false) == -1, "no rank flagged: -1 everywhere");
+  CONFORM(dist::first_flagged_rank(engine, engine.rank() == last) == last, "the flagged rank, everywhere");
+  CONFORM(dist::first_flagged_rank(engine, true) == 0, "every rank flagged: the lowest, 0");
+  CONFORM(!dist::any_process(engine, false), "no process: false everywhere");
+  CONFORM(dist::any_process(engine, engine.rank() == last), "one process is enough, everywhere");
+  const std::uint64_t seed = 1000 + static_cast<std::uint64_t>(engine.rank());
+  CONFORM(dist::broadcast_seed(engine, seed, last) == 1000 + static_cast<std::uint64_t>(last),
+          "the sender's seed everywhere");
+}
+
 #define ACCELERATE_CONFORMANCE_CASES(X)                                  \
   X(RanksAndDevices, ranks_and_devices)                                  \
   X(AllReduceEachReduction, all_reduce_each_reduction)                   \
@@ -208,6 +221,7 @@ void mismatches_are_errors_on_every_rank(E& engine) {
   X(CheckSameOnEveryRank, check_same_on_every_rank)                      \
   X(CollectivesOnNestedContainers, collectives_on_nested_containers)     \
   X(UnevenSizesPaddingObjectsAndSplits, uneven_sizes_padding_objects_and_splits) \
-  X(MismatchesAreErrorsOnEveryRank, mismatches_are_errors_on_every_rank)
+  X(MismatchesAreErrorsOnEveryRank, mismatches_are_errors_on_every_rank)          \
+  X(FlagsAndSeedsAgree, flags_and_seeds_agree)
 
 }  // namespace accelerate::testing::conformance

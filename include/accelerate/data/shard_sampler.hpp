@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <accelerate/data/loader.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/linkage.hpp>
 
@@ -33,6 +35,17 @@ struct ShardSpec {
   /// then compare global batches.
   bool split_batches = false;
 };
+
+/// The ShardSpec of a loader prepared with `options` over `dataset_size` samples, as rank
+/// `rank` of `world_size`: its batch size per process (with `split_batches` the options give
+/// the global batch, which must divide among the processes), and its shuffle seed: the
+/// loader's own, else `shared_seed()`, called only when shuffling (drawing a seed consumes the
+/// global generator).
+/// Example:
+///   auto spec = loader_shard_spec({.batch_size = 8, .shuffle = true}, 100, 2, 0, false, true, [] { return 7; });
+ShardSpec loader_shard_spec(const DataLoaderOptions& options, std::size_t dataset_size, std::size_t world_size,
+                            std::size_t rank, bool split_batches, bool even_batches,
+                            const std::function<std::uint64_t()>& shared_seed);
 
 /// Deals an epoch's batches to ranks: global batch g goes to rank g % world_size, so rank r's
 /// k-th batch is global batch k*world_size + r. With one process that is plain batching.

@@ -5,6 +5,29 @@
 
 namespace accelerate::data {
 
+ACCELERATE_INLINE ShardSpec loader_shard_spec(const DataLoaderOptions& options, std::size_t dataset_size,
+                                              std::size_t world_size, std::size_t rank, bool split_batches,
+                                              bool even_batches, const std::function<std::uint64_t()>& shared_seed) {
+  ShardSpec spec;
+  spec.dataset_size = dataset_size;
+  spec.batch_size = options.batch_size;
+  spec.world_size = world_size;
+  ACCELERATE_CHECK(spec.batch_size > 0, "prepare: DataLoaderOptions::batch_size must be > 0");
+  if (split_batches) {
+    ACCELERATE_CHECK(spec.batch_size % spec.world_size == 0, "prepare: with data.split_batches the batch_size ",
+                     spec.batch_size, " is the global batch and must divide between the ", spec.world_size,
+                     " processes");
+    spec.batch_size /= spec.world_size;
+    spec.split_batches = true;
+  }
+  spec.rank = rank;
+  spec.shuffle = options.shuffle;
+  spec.drop_last = options.drop_last;
+  spec.even_batches = even_batches;
+  spec.seed = options.seed ? *options.seed : spec.shuffle ? shared_seed() : 0;
+  return spec;
+}
+
 ACCELERATE_INLINE ShardSampler::ShardSampler(const ShardSpec& spec)
     : spec_(spec) {
   ACCELERATE_CHECK(spec.batch_size > 0, "ShardSampler: batch_size must be > 0");

@@ -357,4 +357,45 @@ T split_between_processes(const E& engine, const T& inputs, bool apply_padding =
   return split_between_processes(inputs, engine.rank(), engine.world_size(), apply_padding);
 }
 
+// --- agreeing on one value ---------------------------------------------------------------------
+
+/// The lowest rank whose `flagged` is true, or -1 when none is: how the ranks agree that
+/// something one of them failed alone is over for all (one small all-reduce when distributed).
+/// Example:
+///   if (const int failed = first_flagged_rank(engine, !ok); failed >= 0) fail("rank ", failed, " ...");
+template <BackendEngine E>
+int first_flagged_rank(E& engine, bool flagged) {
+  int first = flagged ? engine.rank() : engine.world_size();
+  if constexpr (E::distributed) {
+    at::Tensor rank = at::full({1}, first, at::TensorOptions().dtype(at::kInt)).to(engine.collective_device());
+    engine.all_reduce(rank, Reduction::min);
+    first = rank.cpu().template item<int>();
+  }
+  return first < engine.world_size() ? first : -1;
+}
+
+/// Whether `flag` is true on any process, the same answer everywhere (one small all-reduce
+/// when distributed): a trigger or a preemption one rank saw.
+template <BackendEngine E>
+bool any_process(E& engine, bool flag) {
+  if constexpr (!E::distributed) {
+    return flag;
+  } else {
+    at::Tensor value = at::tensor({flag ? 1 : 0}, at::kInt).to(engine.collective_device());
+    engine.all_reduce(value, Reduction::max);
+    return value.cpu().template item<int>() > 0;
+  }
+}
+
+/// Rank `from`'s `value` on every process (a seed drawn on one rank for all).
+template <BackendEngine E>
+std::uint64_t broadcast_seed(E& engine, std::uint64_t value, int from = 0) {
+  if constexpr (E::distributed) {
+    at::Tensor sent = at::tensor({static_cast<std::int64_t>(value)}, at::kLong).to(engine.collective_device());
+    engine.broadcast(sent, from);  // on the collective device: NCCL takes no CPU tensors
+    value = static_cast<std::uint64_t>(sent.cpu().template item<std::int64_t>());
+  }
+  return value;
+}
+
 }  // namespace accelerate::distributed

@@ -23,7 +23,7 @@
 #include <accelerate/step/accumulation.hpp>
 #include <accelerate/step/clip.hpp>
 #include <accelerate/step/precision.hpp>
-#include <accelerate/track/tracker.hpp>
+#include <accelerate/track/trackers.hpp>
 
 namespace accelerate {
 
@@ -44,7 +44,7 @@ struct CoreState {
   checkpoint::Registry checkpoint;          // what save_state/load_state visit
   bool trigger = false;                    // set_trigger()/check_trigger()
   std::uint64_t losses_checked = 0;        // backward() calls under check_finite_loss
-  std::vector<AnyTracker> trackers;        // main process only
+  Trackers trackers;                       // main process only
   // The asynchronous save in flight, made at the first one (its destructor waits for it).
   std::unique_ptr<checkpoint::BackgroundSave> background_save;
   checkpoint::StateHooks state_hooks;      // register_save/load_state_pre_hook

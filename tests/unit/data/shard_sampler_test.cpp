@@ -87,4 +87,33 @@ TEST(ShardSampler, ShuffleDependsOnSeedAndEpochOnly) {
   EXPECT_NE(a.order(2), c.order(2));
 }
 
+TEST(LoaderShardSpec, SplitBatchesDivideTheGlobalBatchAndASeedIsDrawnOnlyToShuffle) {
+  using accelerate::data::loader_shard_spec;
+  int draws = 0;
+  const auto draw = [&] {
+    ++draws;
+    return std::uint64_t{42};
+  };
+  const ShardSpec plain = loader_shard_spec({.batch_size = 8}, 100, 4, 3, false, true, draw);
+  EXPECT_EQ(plain.batch_size, 8u);
+  EXPECT_EQ(plain.rank, 3u);
+  EXPECT_EQ(plain.seed, 0u);
+  EXPECT_EQ(draws, 0) << "an unshuffled loader leaves the global generator alone";
+  const ShardSpec split = loader_shard_spec({.batch_size = 8, .shuffle = true}, 100, 4, 1, true, false, draw);
+  EXPECT_EQ(split.batch_size, 2u);
+  EXPECT_TRUE(split.split_batches);
+  EXPECT_FALSE(split.even_batches);
+  EXPECT_EQ(split.seed, 42u);
+  EXPECT_EQ(draws, 1);
+  const ShardSpec seeded = loader_shard_spec({.batch_size = 8, .shuffle = true, .seed = 7}, 100, 4, 1, false, true, draw);
+  EXPECT_EQ(seeded.seed, 7u);
+  EXPECT_EQ(draws, 1) << "the loader's own seed needs no draw";
+  try {
+    (void)loader_shard_spec({.batch_size = 6}, 100, 4, 0, true, true, draw);
+    ADD_FAILURE() << "6 does not divide among 4 processes";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("must divide between the 4 processes"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace

@@ -44,6 +44,21 @@ TEST(Trackers, JsonlCsvAndUserTrackersRecordEveryLog) {
   EXPECT_EQ(seen[1].first, 20);
 }
 
+TEST(Trackers, TheSetFallsBackToTheProjectFolderAndForgetsItsTrackersWhenFinished) {
+  TempDir dir;
+  std::vector<std::pair<std::int64_t, accelerate::Metrics>> seen;
+  accelerate::Trackers trackers;
+  trackers.add(Recording{&seen});
+  trackers.start("run", {{"lr", 0.5}}, {.log_with = {"all"}}, dir.path());  // no logging_dir
+  EXPECT_EQ(trackers.size(), 4u) << "jsonl, csv, tensorboard and the user's";
+  trackers.log({{"loss", 1.0}}, 3);
+  trackers.finish();
+  EXPECT_EQ(trackers.size(), 0u);
+  EXPECT_EQ(read_file(dir / "run" / "metrics.jsonl"), "{\"loss\":1.0,\"step\":3}\n");
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].first, 3);
+}
+
 TEST(Trackers, UnknownBuiltInTrackerNamesTheValidOnes) {
   try {
     accelerate::Accelerator<> acc{{.cpu = true, .tracking = {.log_with = {"wandb"}}}};
