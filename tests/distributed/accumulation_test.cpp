@@ -6,18 +6,11 @@
 
 #include <fstream>
 
-#include "../support/models.hpp"
-#include "../support/multiprocess.hpp"
+#include "../support/prelude.hpp"
 
 namespace {
 
-using namespace std::chrono_literals;
-using accelerate::testing::TinyNet;
-using accelerate::testing::flat_parameters;
-using accelerate::testing::job_dir;
-using accelerate::testing::load_tensor;
-using accelerate::testing::run_job;
-using accelerate::testing::save_tensor;
+using namespace accelerate::testing::prelude;
 
 constexpr int kMicro = 4, kSteps = 8;
 constexpr int64_t kBatch = 8;

@@ -8,20 +8,11 @@
 #include <memory>
 #include <vector>
 
-#include "../support/models.hpp"
-#include "../support/multiprocess.hpp"
+#include "../support/prelude.hpp"
 
 namespace {
 
-using namespace std::chrono_literals;
-using accelerate::testing::JobOptions;
-using accelerate::testing::TinyNet;
-using accelerate::testing::flat_gradients;
-using accelerate::testing::flat_parameters;
-using accelerate::testing::job_dir;
-using accelerate::testing::load_tensor;
-using accelerate::testing::run_job;
-using accelerate::testing::save_tensor;
+using namespace accelerate::testing::prelude;
 
 constexpr int64_t kPerRankBatch = 8;
 constexpr int kSteps = 10;

@@ -1,19 +1,22 @@
-// The conformance suite over every engine that runs on a CPU: the cases of
-// tests/support/engine_conformance.hpp, each run by the harness of each engine. A new engine
-// proves itself by adding its harness to `Harnesses`.
+// The conformance suite over every engine that runs on a CPU, registered once in `Registered`
+// below: the engine cases of tests/support/engine_conformance.hpp, each run by every registered
+// engine, and the training laws of tests/support/training_laws.hpp, run through
+// Accelerator<Backend> by every registered engine that synchronises gradients.
 //   LocalEngine         in-process, world size 1
 //   ThreadEngine        the fake engine of tests/support, 3 threads of this process
 //   Gloo engine         3 real processes (TCPStore and ProcessGroupGloo on 127.0.0.1), and 1
 //   Zero stages 1-3     the sharded engines over Gloo, 3 real processes, and 1
-// NCCL's engines (plain and Zero stages 1-3) run the same cases from tests/gpu/nccl_train.cpp,
-// one process per GPU (CTest's gpu.nccl_conformance_*).
+// NCCL's engines (plain and Zero stages 1-3) run the same engine cases from
+// tests/gpu/nccl_train.cpp, one process per GPU (CTest's gpu.nccl_conformance_*).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include <torch/torch.h>
@@ -28,6 +31,7 @@
 #include "../support/multiprocess.hpp"
 #include "../support/temp_dir.hpp"
 #include "../support/thread_engine.hpp"
+#include "../support/training_laws.hpp"
 
 namespace {
 
@@ -36,56 +40,36 @@ namespace dist = accelerate::distributed;
 using accelerate::testing::ThreadEngine;
 using accelerate::testing::ThreadGroup;
 using namespace accelerate::testing::conformance;
+using namespace accelerate::testing::laws;
 
-// --- harnesses: how each engine runs a case ----------------------------------------------------
+// --- the registration ---------------------------------------------------------------------------
 
-struct LocalHarness {
-  template <class Case>
-  static void run(const std::string&, Case&& body) {
-    dist::LocalEngine engine(AcceleratorOptions{}, "conformance");
-    body(engine);
+// An engine's name in test names and in its workers' arguments.
+struct EngineName {
+  template <std::size_t N>
+  constexpr EngineName(const char (&name)[N]) {  // NOLINT: implicit, for Register<_, "Name">
+    static_assert(N <= sizeof(text), "EngineName: a shorter name");
+    std::copy_n(name, N, text);
   }
+  char text[32] = {};
 };
 
-struct ThreadHarness {
-  template <class Case>
-  static void run(const std::string&, Case&& body) {
-    const auto errors = accelerate::testing::run_threads(3, [&](ThreadGroup& group, int rank) {
-      ThreadEngine::Binding binding(group, rank);
-      ThreadEngine engine(AcceleratorOptions{}, "conformance");
-      body(engine);
-    });
-    for (std::size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "thread rank " << r;
-  }
-};
+// One engine: its Backend policy (the engine is the one Accelerator<Backend> uses), its name, and
+// the world sizes it runs at (the first one's tests carry the bare name, the others "World<n>").
+template <class Backend, EngineName Name, int... Worlds>
+struct Register {};
 
-using GlooEngine = dist::ProcessGroupEngine<dist::GlooFactory>;
-using Zero1Engine = dist::ShardedEngine<dist::GlooFactory, 1>;
-using Zero2Engine = dist::ShardedEngine<dist::GlooFactory, 2>;
-using Zero3Engine = dist::ShardedEngine<dist::GlooFactory, 3>;
+// Every engine of the suite, one line each.
+using Registered = std::tuple<Register<SingleProcess, "LocalEngine", 1>,
+                              Register<accelerate::testing::ThreadBackend, "ThreadEngine", 3>,
+                              Register<Gloo, "GlooEngine", 3, 1>,
+                              Register<Zero<Gloo, 1>, "Zero1GlooEngine", 3, 1>,
+                              Register<Zero<Gloo, 2>, "Zero2GlooEngine", 3, 1>,
+                              Register<Zero<Gloo, 3>, "Zero3GlooEngine", 3, 1>>;
 
-// An engine over real processes: each case is a job of `World` ranks; `kind` tells the worker
-// which engine to build. World 1 is what NCCL's runs do on a machine with one GPU.
-template <class Engine, int World = 3>
-struct ProcessHarness {
-  template <class Case>
-  static void run(const std::string& name, Case&&) {
-    const auto job = accelerate::testing::run_job("conformance_" + name, {.world_size = World, .args = {kind()}});
-    EXPECT_EQ(job.exit_code, 0) << job.logs();
-  }
-  static std::string kind() {
-    if constexpr (std::is_same_v<Engine, Zero1Engine>) return "zero1";
-    else if constexpr (std::is_same_v<Engine, Zero2Engine>) return "zero2";
-    else if constexpr (std::is_same_v<Engine, Zero3Engine>) return "zero3";
-    else return "gloo";
-  }
-  static std::string name() {
-    // zero1 -> Zero1GlooEngine; a world other than 3 in the name: Zero1GlooEngineWorld1
-    const std::string engine = kind() == "gloo" ? "GlooEngine" : "Zero" + kind().substr(4) + "GlooEngine";
-    return World == 3 ? engine : engine + "World" + std::to_string(World);
-  }
-};
-using GlooHarness = ProcessHarness<GlooEngine>;
+// --- harnesses: how each registered engine runs a case --------------------------------------------
+
+enum class RunsOn { this_thread, threads, processes };
 
 template <class Engine, class Case>
 int run_process_case(Case&& body) {
@@ -99,46 +83,164 @@ int run_process_case(Case&& body) {
   }
 }
 
-template <class Case>
-int run_engine_case(Case&& body) {
-  const char* args = std::getenv("ACCELERATE_TEST_ARGS");
-  const std::string kind = args ? args : "gloo";
-  if (kind == ProcessHarness<Zero1Engine>::kind()) return run_process_case<Zero1Engine>(body);
-  if (kind == ProcessHarness<Zero2Engine>::kind()) return run_process_case<Zero2Engine>(body);
-  if (kind == ProcessHarness<Zero3Engine>::kind()) return run_process_case<Zero3Engine>(body);
-  return run_process_case<GlooEngine>(body);
+template <class Law>
+int run_process_law(Law&& law) {
+  try {
+    law(accelerate::testing::job_dir());
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << std::endl;
+    return 1;
+  }
 }
 
-#define ACCELERATE_CONFORMANCE_WORKER(Test, function) \
-  ACCELERATE_WORKER(conformance_##function) {         \
-    return run_engine_case([](auto& engine) { function(engine); }); \
+template <class B, EngineName Name, int World, bool First>
+struct Harness {
+  using Backend = B;
+  using Engine = typename accelerate::detail::backend_engine<Backend>::type;
+  static constexpr RunsOn runs_on = std::is_same_v<Backend, SingleProcess>                         ? RunsOn::this_thread
+                                    : std::is_same_v<Backend, accelerate::testing::ThreadBackend> ? RunsOn::threads
+                                                                                                   : RunsOn::processes;
+  // ThreadEngine fakes the collectives only: it has no gradient synchronisation to train with.
+  static constexpr bool trains = runs_on != RunsOn::threads;
+
+  static std::string id() { return Name.text; }
+  static std::string name() { return First ? id() : id() + "World" + std::to_string(World); }
+
+  // Runs engine case `body` (named `case_name`, whose worker is conformance_<case_name>).
+  template <class Case>
+  static void run(const std::string& case_name, Case&& body) {
+    if constexpr (runs_on == RunsOn::this_thread) {
+      Engine engine(AcceleratorOptions{}, "conformance");
+      body(engine);
+    } else if constexpr (runs_on == RunsOn::threads) {
+      const auto errors = accelerate::testing::run_threads(World, [&](ThreadGroup& group, int rank) {
+        ThreadEngine::Binding binding(group, rank);
+        Engine engine(AcceleratorOptions{}, "conformance");
+        body(engine);
+      });
+      for (std::size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "thread rank " << r;
+    } else {
+      const auto job = accelerate::testing::run_job("conformance_" + case_name, {.world_size = World, .args = {id()}});
+      EXPECT_EQ(job.exit_code, 0) << job.logs();
+    }
+  }
+
+  // Runs training law `law` (worker law_<law_name>), given a folder every rank shares.
+  template <class Law>
+  static void run_law(const std::string& law_name, Law&& law) {
+    if constexpr (runs_on == RunsOn::this_thread) {
+      accelerate::testing::TempDir dir;
+      law(dir.path());
+    } else {
+      const auto job = accelerate::testing::run_job("law_" + law_name, {.world_size = World, .args = {id()}});
+      EXPECT_EQ(job.exit_code, 0) << job.logs();
+    }
+  }
+};
+
+// Register<...> -> one Harness per world size.
+template <class R>
+struct harnesses_of;
+template <class B, EngineName Name, int First, int... Others>
+struct harnesses_of<Register<B, Name, First, Others...>> {
+  using type = std::tuple<Harness<B, Name, First, true>, Harness<B, Name, Others, false>...>;
+};
+template <class List>
+struct all_harnesses;
+template <class... R>
+struct all_harnesses<std::tuple<R...>> {
+  using type = decltype(std::tuple_cat(std::declval<typename harnesses_of<R>::type>()...));
+};
+using Harnesses = typename all_harnesses<Registered>::type;
+
+// The harnesses whose engines train (ThreadEngine left out).
+template <class List>
+struct training;
+template <class... H>
+struct training<std::tuple<H...>> {
+  using type = decltype(std::tuple_cat(std::declval<std::conditional_t<H::trains, std::tuple<H>, std::tuple<>>>()...));
+};
+
+template <class List>
+struct gtest_types;
+template <class... H>
+struct gtest_types<std::tuple<H...>> {
+  using type = ::testing::Types<H...>;
+};
+
+// In a worker process: runs `run(harness)` with the registered harness its argument names.
+template <class Run>
+int for_worker_engine(Run&& run) {
+  const std::string id = accelerate::testing::worker_arguments().at(0);
+  int result = -1;
+  std::apply(
+      [&](auto... harness) {
+        ((result < 0 && decltype(harness)::runs_on == RunsOn::processes && decltype(harness)::id() == id
+              ? void(result = run(harness))
+              : void()),
+         ...);
+      },
+      Harnesses{});
+  if (result < 0) std::cerr << "no registered engine runs in processes as '" << id << "'\n";
+  return result < 0 ? 2 : result;
+}
+
+#define ACCELERATE_CONFORMANCE_WORKER(Test, function)                                                 \
+  ACCELERATE_WORKER(conformance_##function) {                                                        \
+    return for_worker_engine([](auto harness) {                                                      \
+      if constexpr (decltype(harness)::runs_on == RunsOn::processes)                                 \
+        return run_process_case<typename decltype(harness)::Engine>([](auto& engine) { function(engine); }); \
+      else                                                                                           \
+        return 2;                                                                                    \
+    });                                                                                              \
   }
 ACCELERATE_CONFORMANCE_CASES(ACCELERATE_CONFORMANCE_WORKER)
 
-template <class Harness>
-class BackendConformance : public ::testing::Test {};
-
-// A new engine: its harness here.
-using Harnesses = ::testing::Types<LocalHarness, ThreadHarness, GlooHarness, ProcessHarness<Zero1Engine>,
-                                   ProcessHarness<Zero2Engine>, ProcessHarness<Zero3Engine>,
-                                   ProcessHarness<GlooEngine, 1>, ProcessHarness<Zero1Engine, 1>,
-                                   ProcessHarness<Zero2Engine, 1>, ProcessHarness<Zero3Engine, 1>>;
+#define ACCELERATE_LAW_WORKER(Test, function)                                                         \
+  ACCELERATE_WORKER(law_##function) {                                                                \
+    return for_worker_engine([](auto harness) {                                                      \
+      using H = decltype(harness);                                                                   \
+      if constexpr (H::trains && H::runs_on == RunsOn::processes)                                    \
+        return run_process_law([](const std::filesystem::path& dir) { function<typename H::Backend>(dir); }); \
+      else                                                                                           \
+        return 2;                                                                                    \
+    });                                                                                              \
+  }
+ACCELERATE_TRAINING_LAWS(ACCELERATE_LAW_WORKER)
 
 struct HarnessNames {
   template <class T>
   static std::string GetName(int) {
-    if constexpr (std::is_same_v<T, LocalHarness>) return "LocalEngine";
-    else if constexpr (std::is_same_v<T, ThreadHarness>) return "ThreadEngine";
-    else return T::name();
+    return T::name();
   }
 };
-TYPED_TEST_SUITE(BackendConformance, Harnesses, HarnessNames);
+
+template <class Harness>
+class BackendConformance : public ::testing::Test {};
+TYPED_TEST_SUITE(BackendConformance, typename gtest_types<Harnesses>::type, HarnessNames);
 
 #define ACCELERATE_CONFORMANCE_TEST(Test, function)                                     \
   TYPED_TEST(BackendConformance, Test) {                                                \
     TypeParam::run(#function, [](auto& engine) { function(engine); });                  \
   }
 ACCELERATE_CONFORMANCE_CASES(ACCELERATE_CONFORMANCE_TEST)
+
+template <class Harness>
+class TrainingLaws : public ::testing::Test {};
+TYPED_TEST_SUITE(TrainingLaws, typename gtest_types<typename training<Harnesses>::type>::type, HarnessNames);
+
+#define ACCELERATE_LAW_TEST(Test, function)                                                              \
+  TYPED_TEST(TrainingLaws, Test) {                                                                       \
+    TypeParam::run_law(#function,                                                                        \
+                       [](const std::filesystem::path& dir) { function<typename TypeParam::Backend>(dir); }); \
+  }
+ACCELERATE_TRAINING_LAWS(ACCELERATE_LAW_TEST)
+
+using GlooEngine = dist::ProcessGroupEngine<dist::GlooFactory>;
+using Zero1Engine = dist::ShardedEngine<dist::GlooFactory, 1>;
+using Zero2Engine = dist::ShardedEngine<dist::GlooFactory, 2>;
+using Zero3Engine = dist::ShardedEngine<dist::GlooFactory, 3>;
 
 static_assert(dist::BackendEngine<dist::LocalEngine>);
 static_assert(dist::BackendEngine<GlooEngine>);

@@ -15,19 +15,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../support/models.hpp"
-#include "../support/multiprocess.hpp"
+#include "../support/prelude.hpp"
 
 namespace {
 
-using namespace std::chrono_literals;
-using accelerate::testing::TinyNet;
-using accelerate::testing::flat_parameters;
-using accelerate::testing::job_dir;
-using accelerate::testing::load_tensor;
-using accelerate::testing::regression_data;
-using accelerate::testing::run_job;
-using accelerate::testing::save_tensor;
+using namespace accelerate::testing::prelude;
 using Acc = accelerate::Accelerator<accelerate::Gloo>;
 using Plateau = torch::optim::ReduceLROnPlateauScheduler;
 

@@ -1,6 +1,7 @@
-// How gradients travel, with real processes over Gloo: gradients as bucket views, buckets
-// rebuilt in arrival order, compressed buckets (fp16, bf16, PowerSGD), and the communication
-// time reported by stats().
+// Tests of include/accelerate/distributed/reducer.hpp (and the reduction it picks), with real
+// processes over Gloo: gradients as bucket views, buckets rebuilt in arrival order, sums in
+// rank order, compressed buckets (fp16, bf16, PowerSGD), the saved layout, and the
+// communication time reported by stats().
 #include <accelerate/accelerate.hpp>
 
 #include <gtest/gtest.h>
@@ -13,20 +14,12 @@
 #include <string>
 #include <thread>
 
-#include "../support/models.hpp"
-#include "../support/multiprocess.hpp"
+#include "../support/prelude.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace {
 
-using namespace std::chrono_literals;
-using accelerate::testing::flat_gradients;
-using accelerate::testing::flat_parameters;
-using accelerate::testing::job_dir;
-using accelerate::testing::load_tensor;
-using accelerate::testing::parameter_bytes;
-using accelerate::testing::run_job;
-using accelerate::testing::save_tensor;
+using namespace accelerate::testing::prelude;
 
 std::string test_args() {
   const char* args = std::getenv("ACCELERATE_TEST_ARGS");

@@ -37,18 +37,12 @@
 #include "../support/build_paths.hpp"
 #include "../support/errors.hpp"
 #include "../support/indexed_dataset.hpp"
-#include "../support/models.hpp"
-#include "../support/multiprocess.hpp"
+#include "../support/prelude.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace {
 
-using namespace std::chrono_literals;
-using accelerate::testing::job_dir;
-using accelerate::testing::load_tensor;
-using accelerate::testing::run_job;
-using accelerate::testing::save_tensor;
-using accelerate::testing::worker_arguments;
+using namespace accelerate::testing::prelude;
 
 bool has_argument(const std::string& wanted) {
   const auto lines = worker_arguments();

@@ -23,19 +23,12 @@
 
 #include "../support/errors.hpp"
 #include "../support/indexed_dataset.hpp"
-#include "../support/models.hpp"
-#include "../support/multiprocess.hpp"
+#include "../support/prelude.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace {
 
-using namespace std::chrono_literals;
-using accelerate::testing::TinyNet;
-using accelerate::testing::flat_parameters;
-using accelerate::testing::job_dir;
-using accelerate::testing::load_tensor;
-using accelerate::testing::run_job;
-using accelerate::testing::save_tensor;
+using namespace accelerate::testing::prelude;
 
 constexpr int64_t kSamples = 48, kBatch = 2;  // per-rank batch
 constexpr int kFirstSteps = 6;                // on 2 ranks: 24 samples, and 24 left (2*1, 2*3, 2*4 divide it)

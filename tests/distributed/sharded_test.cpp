@@ -22,14 +22,12 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/errors.hpp"
-#include "../support/models.hpp"
-#include "../support/multiprocess.hpp"
+#include "../support/prelude.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace {
 
-using namespace std::chrono_literals;
-using accelerate::testing::TinyNet;
+using namespace accelerate::testing::prelude;
 
 // A sharded engine's models are prepared through its sharded reducer only: data parallel's
 // make_model_sync (an unsharded reducer) is out of reach through the core.
@@ -40,11 +38,6 @@ concept prepares_models_unsharded = requires(Core& core, torch::nn::Module& modu
 };
 static_assert(prepares_models_unsharded<accelerate::distributed::ProcessGroupCore>);
 static_assert(!prepares_models_unsharded<accelerate::distributed::ShardedCore>);
-using accelerate::testing::flat_parameters;
-using accelerate::testing::job_dir;
-using accelerate::testing::load_tensor;
-using accelerate::testing::run_job;
-using accelerate::testing::save_tensor;
 
 constexpr int64_t kIn = 6, kHidden = 5, kOut = 3;  // 53 parameters: no world size > 1 divides them
 constexpr int64_t kPerRankBatch = 4;
