@@ -36,6 +36,12 @@ inline std::pair<torch::Tensor, torch::Tensor> global_batch(int world, int step)
   return {torch::randn({4 * world, 8}, gen), torch::randn({4 * world, 4}, gen)};
 }
 
+// The model every law trains: the same initial values on every rank and in every reference.
+inline TinyNet seeded_net() {
+  torch::manual_seed(7);
+  return TinyNet();
+}
+
 inline torch::optim::AdamWOptions adamw_options() { return torch::optim::AdamWOptions(0.01).weight_decay(0.1); }
 
 // One step of `acc` on this rank's rows of the global batch of step `step`.
@@ -73,10 +79,8 @@ inline void expect_whole_model(const std::map<std::string, at::Tensor>& state, c
 template <class Backend>
 void two_steps_equal_one_process_on_the_global_batch(const std::filesystem::path&) {
   Accelerator<Backend> acc{law_options()};
-  torch::manual_seed(7);
-  TinyNet net;
-  torch::manual_seed(7);
-  TinyNet alone;
+  TinyNet net = seeded_net();
+  TinyNet alone = seeded_net();
   torch::optim::AdamW adamw(net->parameters(), adamw_options());
   torch::optim::AdamW alone_adamw(alone->parameters(), adamw_options());
   auto [model, opt] = acc.prepare(net, adamw);
@@ -94,8 +98,7 @@ void two_steps_equal_one_process_on_the_global_batch(const std::filesystem::path
 template <class Backend>
 void a_save_load_round_trip_resumes_exactly(const std::filesystem::path& dir) {
   Accelerator<Backend> acc{law_options()};
-  torch::manual_seed(7);
-  TinyNet net;
+  TinyNet net = seeded_net();
   torch::optim::AdamW adamw(net->parameters(), adamw_options());
   auto [model, opt] = acc.prepare(net, adamw);
   train_step(acc, model, opt, 0);
@@ -115,10 +118,8 @@ void a_save_load_round_trip_resumes_exactly(const std::filesystem::path& dir) {
 template <class Backend>
 void get_state_dict_is_the_whole_model(const std::filesystem::path&) {
   Accelerator<Backend> acc{law_options()};
-  torch::manual_seed(7);
-  TinyNet net;
-  torch::manual_seed(7);
-  TinyNet reference;
+  TinyNet net = seeded_net();
+  TinyNet reference = seeded_net();
   auto [model] = acc.prepare(net);
   expect_whole_model(acc.get_state_dict(model), *reference, 0.0, "get_state_dict");
 }
