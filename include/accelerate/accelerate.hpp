@@ -13,6 +13,7 @@
 #include <accelerate/launch/launch.hpp>
 #include <accelerate/launch/preemption.hpp>
 #include <accelerate/memory/estimate.hpp>
+#include <accelerate/optim/fused_adam.hpp>
 #include <accelerate/optim/warmup_cosine.hpp>
 #include <accelerate/presets.hpp>
 #include <accelerate/track/csv.hpp>

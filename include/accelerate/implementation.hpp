@@ -58,6 +58,7 @@
 #include <accelerate/launch/cli.ipp>
 #include <accelerate/launch/supervisor.ipp>
 #include <accelerate/options.ipp>
+#include <accelerate/optim/fused_adam.ipp>
 #include <accelerate/optim/warmup_cosine.ipp>
 #include <accelerate/policy/slots.ipp>
 #include <accelerate/prepared/dataloader.ipp>

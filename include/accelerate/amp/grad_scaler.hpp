@@ -46,6 +46,14 @@ class GradScaler {
   /// whether any of them held an inf or NaN in `amp.found_inf`.
   void unscale_(const std::vector<at::Tensor>& params, OptimizerAmpState& amp) const;
 
+  /// Records in `amp.found_inf` whether a gradient of `params` holds an inf or NaN, leaving
+  /// them scaled: for an optimizer that divides by scale_tensor() inside its own kernel
+  /// (as torch.amp.GradScaler does for fused optimizers).
+  void check_(const std::vector<at::Tensor>& params, OptimizerAmpState& amp) const;
+
+  /// The current scale, a float32 [1] tensor on the scaler's device.
+  const at::Tensor& scale_tensor() const noexcept { return scale_; }
+
   /// Adjusts the scale after an optimizer step (skipped or not).
   void update(const at::Tensor& found_inf);
 
@@ -60,6 +68,9 @@ class GradScaler {
   void load_state_dict(const StateDict& s);
 
  private:
+  // Multiplies the gradients by `inv_scale` (1: only checks) and records inf/NaN.
+  void check_and_multiply(const std::vector<at::Tensor>& params, OptimizerAmpState& amp, const at::Tensor& inv_scale) const;
+
   GradScalerOptions options_;
   at::Tensor scale_;
   at::Tensor growth_tracker_;

@@ -7,8 +7,17 @@ namespace accelerate {
 
 ACCELERATE_INLINE void GradScaler::unscale_(const std::vector<at::Tensor>& params, OptimizerAmpState& amp) const {
   if (amp.unscaled) return;
+  check_and_multiply(params, amp, scale_.to(at::kDouble).reciprocal().to(at::kFloat));
+  amp.unscaled = true;
+}
+
+ACCELERATE_INLINE void GradScaler::check_(const std::vector<at::Tensor>& params, OptimizerAmpState& amp) const {
+  check_and_multiply(params, amp, at::ones({1}, scale_.options()));
+}
+
+ACCELERATE_INLINE void GradScaler::check_and_multiply(const std::vector<at::Tensor>& params, OptimizerAmpState& amp,
+                                                      const at::Tensor& inv_scale) const {
   amp.found_inf = at::zeros({1}, scale_.options());
-  const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
   // The fused kernel wants one device and one dtype per call.
   std::map<std::tuple<int, int, int>, std::vector<at::Tensor>> groups;  // device, index, dtype
   for (const auto& p : params) {
@@ -24,7 +33,6 @@ ACCELERATE_INLINE void GradScaler::unscale_(const std::vector<at::Tensor>& param
     compat::non_finite_check_and_unscale(grads, found, inv_scale.to(device));
     amp.found_inf.add_(found.to(amp.found_inf.device()));
   }
-  amp.unscaled = true;
 }
 
 ACCELERATE_INLINE void GradScaler::update(const at::Tensor& found_inf) {

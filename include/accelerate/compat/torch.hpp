@@ -1,5 +1,5 @@
 // The only place (with compat/c10d.hpp) that knows one LibTorch 2.x release from another:
-// autocast entry points, the fused AMP kernels, the CPU allocator's huge pages, and scheduler
+// autocast entry points, the fused AMP and Adam kernels, the CPU allocator's huge pages, and scheduler
 // internals we must save.
 #pragma once
 
@@ -85,6 +85,20 @@ void non_finite_check_and_unscale(std::vector<at::Tensor>& grads, at::Tensor& fo
 /// PyTorch's GradScaler update rule in place on `scale` and `growth_tracker`.
 void update_scale(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                   double growth_factor, double backoff_factor, int64_t growth_interval);
+
+// --- fused Adam kernels ------------------------------------------------------------------
+// _fused_adam_/_fused_adamw_ have had CUDA kernels since 2.0 and CPU kernels since 2.4; on an
+// older CPU build the fused optimizers are refused with that reason.
+inline constexpr bool fused_adam_cpu_kernels =
+    TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
+
+/// One Adam (decoupled: AdamW) step of tensors sharing one device and dtype, the moments in
+/// that dtype, every parameter at step count `step` (a float32 scalar on their device, already
+/// incremented). `grad_scale`, when defined, divides the gradients first.
+void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                at::TensorList max_exp_avg_sqs, const at::Tensor& step, double lr, double beta1, double beta2,
+                double weight_decay, double eps, bool amsgrad, bool maximize, bool decoupled,
+                const at::Tensor& grad_scale);
 
 // --- CPU buffers on transparent huge pages ------------------------------------------------
 // LibTorch's CPU allocator asks the kernel for huge pages (madvise MADV_HUGEPAGE, 2 MB each)

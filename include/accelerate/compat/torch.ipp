@@ -44,6 +44,24 @@ ACCELERATE_INLINE void update_scale(at::Tensor& scale, at::Tensor& growth_tracke
   }
 }
 
+ACCELERATE_INLINE void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                                   at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, const at::Tensor& step,
+                                   double lr, double beta1, double beta2, double weight_decay, double eps, bool amsgrad,
+                                   bool maximize, bool decoupled, const at::Tensor& grad_scale) {
+  if (params.empty()) return;
+  const std::optional<at::Tensor> scale = grad_scale.defined() ? std::optional<at::Tensor>(grad_scale) : std::nullopt;
+  ACCELERATE_CHECK(fused_adam_cpu_kernels || params.front().is_cuda(), "FusedAdam/FusedAdamW: LibTorch ",
+                   torch_version, " has no fused Adam kernel for ", params.front().device(),
+                   " (CPU kernels arrived in 2.4); use torch::optim::Adam or AdamW");
+  const std::vector<at::Tensor> steps(params.size(), step);
+  if (decoupled)
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, weight_decay, eps,
+                      amsgrad, maximize, scale, std::nullopt);
+  else
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, weight_decay, eps,
+                     amsgrad, maximize, scale, std::nullopt);
+}
+
 ACCELERATE_INLINE std::optional<bool> cpu_huge_pages() {
 #if defined(__linux__) && !defined(__ANDROID__) && \
     (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11))

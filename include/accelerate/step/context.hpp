@@ -96,13 +96,24 @@ struct Context {
   /// rank agreeing on whether they hold an inf/NaN; then
   /// clipping, on synchronised unscaled gradients; then the step itself, run by the engine
   /// (a sharded engine steps its shard) unless the Precision policy skips it (inf/NaN).
+  /// An optimizer that divides by the loss scale inside its step kernel (UnscalesInStep) is
+  /// handed the scale instead, when nothing clips: its gradients are only checked for inf/NaN.
   template <class Optimizer>
   void optimizer_step(Optimizer& optimizer, optimizer_slot& slot) {
     if (!accumulation.sync()) return;
-    precision.unscale(slot);
+    constexpr bool unscales_in_step =
+        !clip_step::active && UnscalesInStep<Optimizer> &&
+        requires(precision_step& p, optimizer_slot& s) { p.check_for_unscale_in_step(s); };
+    at::Tensor step_scale;  // undefined: the gradients are unscaled already
+    if constexpr (unscales_in_step) step_scale = precision.check_for_unscale_in_step(slot);
+    else precision.unscale(slot);
     precision.agree_on_skip(slot, [this](at::Tensor& found_inf) { distributed::agree_on_found_inf(engine, found_inf); });
     clip.apply(engine, optimizer, core.options.clip);
-    precision.step(slot, [&] { distributed::step_optimizer(engine, optimizer); });
+    precision.step(slot, [&] {
+      if constexpr (unscales_in_step)
+        if (step_scale.defined()) optimizer.unscale_in_next_step(step_scale);
+      distributed::step_optimizer(engine, optimizer);
+    });
   }
 
   /// The same contract for an optimizer that re-evaluates the loss (LBFGS): `closure` zeroes

@@ -74,6 +74,14 @@ struct AutocastForward {
   }
 };
 
+/// An optimizer whose next step() can divide the gradients by a loss scale inside its own
+/// kernel (accelerate::FusedAdamW, FusedAdam): a loss-scaling policy then only checks them for
+/// inf/NaN instead of unscaling them in a pass of their own, when nothing clips.
+/// Example:
+///   static_assert(accelerate::step::UnscalesInStep<accelerate::FusedAdamW>);
+template <class O>
+concept UnscalesInStep = requires(O& optimizer, at::Tensor scale) { optimizer.unscale_in_next_step(scale); };
+
 /// The step state of Precision policy `P`. This primary template is the policy that only
 /// autocasts (its forward runs under AutocastScope<P>): the loss is backpropagated as it is,
 /// optimizers keep nothing and always step, and it is an empty type. A specialisation has the
@@ -155,6 +163,15 @@ class LossScalingStep : public AutocastForward<P> {
   }
 
   void unscale(OptimizerSlot& slot) { scaler_.unscale_(slot->params, *slot); }
+
+  /// For an optimizer that unscales inside its step kernel (UnscalesInStep): records inf/NaN
+  /// without touching the gradients and returns the scale to hand the optimizer; undefined
+  /// when they were already unscaled in this step (clip_grad_norm_, unscale_gradients).
+  at::Tensor check_for_unscale_in_step(OptimizerSlot& slot) {
+    if (slot->unscaled) return {};
+    scaler_.check_(slot->params, *slot);
+    return scaler_.scale_tensor();
+  }
 
   /// Unscales the gradients of the optimizers owning any of `params` (a user's clip call).
   void unscale_owners(const std::vector<at::Tensor>& params, const char* caller) {
