@@ -509,7 +509,40 @@ class Accelerator {
   void backward(const at::Tensor& loss) {
     if (ctx_.core.options.check_finite_loss) [[unlikely]]
       refuse_nonfinite_loss(loss);
+    if (ctx_.core.items.counted()) [[unlikely]]
+      ctx_.core.items.plain_backward();
     ctx_.precision.scale(ctx_.accumulation.divide(loss)).backward();
+  }
+
+  /// Backpropagates `loss` weighed as `options` say. With num_items, `loss` is a sum over that
+  /// many items (say the summed token losses of a micro-batch, padding excluded): it is not
+  /// divided by the window's length; at the window's boundary the gradients become the mean
+  /// over all the items of all its micro-steps and processes (one all-reduce of the counts per
+  /// window), as if one batch had held them all — what Accelerate's documentation writes by
+  /// hand with num_items_in_batch. Between backward and that boundary the gradients are sums.
+  /// Every backward of a window then passes num_items (mixing is an error).
+  /// Example:
+  ///   auto step = acc.accumulate(model);
+  ///   at::Tensor mask = labels.ne(pad);
+  ///   at::Tensor loss_sum = torch::cross_entropy(logits.flatten(0, 1), labels.flatten(), {}, at::Reduction::None)
+  ///                             .masked_select(mask.flatten()).sum();
+  ///   acc.backward(loss_sum, {.num_items = mask.sum().item<int64_t>()});
+  ///
+  /// With one process, no accumulation and no policy acting on the step (the prepared
+  /// optimizer's step() is the optimizer's own), each backward is its window: the loss is
+  /// divided by num_items at once.
+  void backward(const at::Tensor& loss, const BackwardOptions& options) {
+    if (!options.num_items) return backward(loss);
+    if (ctx_.core.options.check_finite_loss) [[unlikely]]
+      refuse_nonfinite_loss(loss);
+    if constexpr (context_type::plain_optimizer_step) {
+      ACCELERATE_CHECK(*options.num_items > 0, "backward: num_items must be > 0 (the number of items the loss sums "
+                       "over; the mean over no item is undefined), got ", *options.num_items);
+      ctx_.precision.scale(loss / static_cast<double>(*options.num_items)).backward();
+    } else {
+      ctx_.core.items.add(*options.num_items);
+      ctx_.precision.scale(loss).backward();
+    }
   }
 
   /// Opens one micro-step of gradient accumulation for the given prepared models and decides
@@ -605,6 +638,7 @@ class Accelerator {
                          double norm_type = 2.0) {
     if (!sync_gradients()) return 0.0;
     const auto holders = distributed::gradient_holders(ctx_.engine, params);  // a sharded rank's slices
+    ctx_.weigh_items(holders);
     ctx_.precision.unscale_owners(holders, "clip_grad_norm_");
     return distributed::clip_grad_norm(ctx_.engine, holders, max_norm, norm_type);
   }
@@ -614,6 +648,7 @@ class Accelerator {
   void clip_grad_value_(const std::vector<at::Tensor>& params, double value) {
     if (!sync_gradients()) return;
     const auto holders = distributed::gradient_holders(ctx_.engine, params);  // a sharded rank's slices
+    ctx_.weigh_items(holders);
     ctx_.precision.unscale_owners(holders, "clip_grad_value_");
     torch::nn::utils::clip_grad_value_(holders, value);
   }
@@ -625,13 +660,21 @@ class Accelerator {
   /// loss scaling.
   /// Example:
   ///   acc.backward(loss);  acc.unscale_gradients();  log_gradient_norms(net);  opt.step();
+  /// Gradients of losses given with num_items are weighed by then too (backward).
   void unscale_gradients() {
-    if (sync_gradients()) ctx_.precision.unscale_all("unscale_gradients");
+    if (!sync_gradients()) return;
+    if (ctx_.core.items.counted())
+      for (const auto& weak : ctx_.core.optimizers)
+        if (const auto optimizer = weak.lock()) ctx_.weigh_items(step::optimizer_params(*optimizer));
+    ctx_.precision.unscale_all("unscale_gradients");
   }
   /// The same for one prepared optimizer's gradients.
   template <class Optimizer>
   void unscale_gradients(PreparedOptimizer<Optimizer, Accelerator>& optimizer) {
-    if (sync_gradients()) ctx_.precision.unscale_owners(step::optimizer_params(optimizer.unwrap()), "unscale_gradients");
+    if (!sync_gradients()) return;
+    const auto params = step::optimizer_params(optimizer.unwrap());
+    ctx_.weigh_items(params);
+    ctx_.precision.unscale_owners(params, "unscale_gradients");
   }
 
   // ---------------------------------------------------------------------------------------
@@ -833,6 +876,8 @@ class Accelerator {
   ///   acc.free_memory();   // then: auto [model, opt] = acc.prepare(bigger_net, new_optimizer);
   void free_memory() {
     ctx_.core.checkpoint.release_prepared();
+    ctx_.core.optimizers.clear();
+    ctx_.core.items = {};
     ctx_.precision.release_optimizers();
     distributed::release_prepared(ctx_.engine);
     if constexpr (requires { ctx_.accumulation.reset(); }) ctx_.accumulation.reset();
@@ -938,6 +983,7 @@ class Accelerator {
     using Optimizer = typename decltype(held)::element_type;
     distributed::adopt_optimizer(ctx_.engine, *held);  // a sharded engine keeps this rank's shard
     PreparedOptimizer<Optimizer, Accelerator> prepared(held, &ctx_, ctx_.precision.add_optimizer(*held));
+    ctx_.core.optimizers.push_back(held);
     // Built-in optimizers are checked in full before load_state changes anything, so they
     // need no snapshot (a copy of every moment) to be undone.
     std::function<void(const StateDict&)> check;

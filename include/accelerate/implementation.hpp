@@ -67,6 +67,7 @@
 #include <accelerate/scope/join.ipp>
 #include <accelerate/step/accumulation.ipp>
 #include <accelerate/step/context.ipp>
+#include <accelerate/step/item_weighting.ipp>
 #include <accelerate/track/csv.ipp>
 #include <accelerate/track/jsonl.ipp>
 #include <accelerate/track/profile.ipp>

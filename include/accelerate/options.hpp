@@ -28,6 +28,15 @@ struct GradScalerOptions {
   std::int64_t growth_interval = 2000;
 };
 
+/// How Accelerator::backward weighs one loss.
+struct BackwardOptions {
+  /// The loss is a sum over this many items (tokens, say): the window's gradients become the
+  /// mean over every item of every micro-step and process (step::ItemWeighting), whatever the
+  /// micro-batches hold, instead of a mean of per-micro-batch means. Unset: a mean, divided by
+  /// the accumulation window's length as usual.
+  std::optional<std::int64_t> num_items;
+};
+
 /// How gather_for_metrics gathers (Accelerate's keyword arguments).
 /// Example:
 ///   acc.gather_for_metrics(labels, {.use_gather_object = true});

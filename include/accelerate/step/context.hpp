@@ -22,6 +22,7 @@
 #include <accelerate/options.hpp>
 #include <accelerate/step/accumulation.hpp>
 #include <accelerate/step/clip.hpp>
+#include <accelerate/step/item_weighting.hpp>
 #include <accelerate/step/precision.hpp>
 #include <accelerate/track/trackers.hpp>
 
@@ -48,6 +49,8 @@ struct CoreState {
   // The asynchronous save in flight, made at the first one (its destructor waits for it).
   std::unique_ptr<checkpoint::BackgroundSave> background_save;
   checkpoint::StateHooks state_hooks;      // register_save/load_state_pre_hook
+  step::ItemWeighting items;               // backward(loss, {.num_items}) in this window
+  std::vector<std::weak_ptr<torch::optim::Optimizer>> optimizers;  // prepared, for unscale_gradients()
 };
 
 }  // namespace detail
@@ -84,8 +87,15 @@ struct Context {
         precision(options.precision, core.device) {
     precision.register_state(core.checkpoint);
     core.checkpoint.add({checkpoint::Entry::Kind::micro_step, checkpoint::EntryOwner::every_rank,
-                         [this] { return accumulation.state_dict(); },
-                         [this](const StateDict& s) { accumulation.load_state_dict(s); }});
+                         [this] {
+                           StateDict s = accumulation.state_dict();
+                           core.items.save_to(s);
+                           return s;
+                         },
+                         [this](const StateDict& s) {
+                           accumulation.load_state_dict(s);
+                           core.items.load_from(s);
+                         }});
   }
   // The checkpoint registry refers to this object's members.
   Context(const Context&) = delete;
@@ -101,6 +111,8 @@ struct Context {
   template <class Optimizer>
   void optimizer_step(Optimizer& optimizer, optimizer_slot& slot) {
     if (!accumulation.sync()) return;
+    if (core.items.counted()) [[unlikely]]
+      weigh_items(step::optimizer_params(optimizer));
     constexpr bool unscales_in_step =
         !clip_step::active && UnscalesInStep<Optimizer> &&
         requires(precision_step& p, optimizer_slot& s) { p.check_for_unscale_in_step(s); };
@@ -114,6 +126,14 @@ struct Context {
         if (step_scale.defined()) optimizer.unscale_in_next_step(step_scale);
       distributed::step_optimizer(engine, optimizer);
     });
+  }
+
+  /// Multiplies the gradients of `holders` by world_size / the window's items, once per window
+  /// and holder, when this window's losses were sums over counted items (ItemWeighting).
+  void weigh_items(const std::vector<at::Tensor>& holders) {
+    if (!core.items.counted()) [[likely]]
+      return;
+    core.items.weigh(holders, engine.world_size(), [this](double items) { return sum_over_processes(items); });
   }
 
   /// The same contract for an optimizer that re-evaluates the loss (LBFGS): `closure` zeroes
@@ -173,12 +193,18 @@ struct Context {
   /// every rank passes the same value, that value to within a rounding of the sum: 3 x 0.1 / 3
   /// is 0.1 + 2e-17).
   double mean_over_processes(double value) {
+    if constexpr (!Engine::distributed) return value;
+    else return sum_over_processes(value) / engine.world_size();
+  }
+
+  /// `value` summed over the processes, in double, the same on every rank.
+  double sum_over_processes(double value) {
     if constexpr (!Engine::distributed) {
       return value;
     } else {
       at::Tensor sum = at::full({1}, value, at::TensorOptions().dtype(at::kDouble)).to(engine.collective_device());
       engine.all_reduce(sum, Reduction::sum);
-      return sum.item<double>() / engine.world_size();
+      return sum.item<double>();
     }
   }
 
