@@ -12,6 +12,7 @@
 #include <accelerate/environment_report.hpp>
 #include <accelerate/launch/launch.hpp>
 #include <accelerate/launch/preemption.hpp>
+#include <accelerate/memory/activation_checkpoint.hpp>
 #include <accelerate/memory/estimate.hpp>
 #include <accelerate/optim/fused_adam.hpp>
 #include <accelerate/optim/warmup_cosine.hpp>

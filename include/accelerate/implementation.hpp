@@ -57,6 +57,7 @@
 #include <accelerate/environment_report.ipp>
 #include <accelerate/launch/cli.ipp>
 #include <accelerate/launch/supervisor.ipp>
+#include <accelerate/memory/activation_checkpoint.ipp>
 #include <accelerate/options.ipp>
 #include <accelerate/optim/fused_adam.ipp>
 #include <accelerate/optim/warmup_cosine.ipp>

@@ -86,6 +86,11 @@ void non_finite_check_and_unscale(std::vector<at::Tensor>& grads, at::Tensor& fo
 void update_scale(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
                   double growth_factor, double backoff_factor, int64_t growth_interval);
 
+// --- autograd ----------------------------------------------------------------------------
+/// Whether this thread is running a backward pass now (a node's apply, a hook): the engine's
+/// current graph task, an internal of torch/csrc/autograd (graph_task.h) since 1.x.
+bool in_backward();
+
 // --- fused Adam kernels ------------------------------------------------------------------
 // _fused_adam_/_fused_adamw_ have had CUDA kernels since 2.0 and CPU kernels since 2.4; on an
 // older CPU build the fused optimizers are refused with that reason.

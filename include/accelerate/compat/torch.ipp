@@ -1,6 +1,8 @@
 // Bodies of torch.hpp's type-independent functions (see detail/linkage.hpp).
 #pragma once
 
+#include <torch/csrc/autograd/graph_task.h>
+
 #include <accelerate/compat/torch.hpp>
 
 namespace accelerate::compat {
@@ -43,6 +45,8 @@ ACCELERATE_INLINE void update_scale(at::Tensor& scale, at::Tensor& growth_tracke
     }
   }
 }
+
+ACCELERATE_INLINE bool in_backward() { return torch::autograd::get_current_graph_task_id() != -1; }
 
 ACCELERATE_INLINE void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                                    at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, const at::Tensor& step,

@@ -20,6 +20,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/module.h>
 
+#include <accelerate/compat/torch.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/linkage.hpp>
 #include <accelerate/distributed/reducer.hpp>
@@ -63,7 +64,9 @@ class UnitBindings {
 /// Zero<_, 3> (named in DdpOptions::shard_units), its parameters are gathered for the call
 /// while the next listed unit's all-gather is started, and released after it; a hook on the
 /// output gathers them again just before the unit's backward (while the previous listed
-/// unit's is started), and they are released once their gradients are in. A unit returning
+/// unit's is started), and they are released once their gradients are in. Called inside
+/// backward (accelerate::activation_checkpoint's recompute of a unit) it gathers the unit
+/// again, for that call and its backward, and starts no other unit's all-gather. A unit returning
 /// something other than a tensor stays gathered until its gradients are in. Anywhere else
 /// (data parallel, one process, an unlisted child) it is the plain call.
 /// Every rank must run the same units in the same order (each gather is a collective), as
@@ -90,7 +93,9 @@ decltype(auto) unit_forward(Child& child, Args&&... args) {
   const std::shared_ptr<GradientReducer>& reducer = bound->first;
   const UnitBindings::Binding& binding = bound->second;
   reducer->gather_unit(binding.unit);
-  if (binding.next) reducer->prefetch_unit(*binding.next);
+  // Inside backward this is an activation checkpoint's recompute: the next unit's backward is
+  // done, and the hook set below prefetches the previous one instead.
+  if (binding.next && !compat::in_backward()) reducer->prefetch_unit(*binding.next);
   Output output = call();
   const bool backward = torch::autograd::GradMode::is_enabled();
   if constexpr (std::is_same_v<std::decay_t<Output>, at::Tensor>) {
