@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "../support/prelude.hpp"
@@ -190,19 +191,24 @@ ACCELERATE_WORKER(checkpointed_blocks) {
   return 0;
 }
 
+// Rank r's checkpointed run of `tag` ended with the plain run's parameters, bitwise, after
+// `extra_gathers` more all-gathers than it.
+void expect_checkpointed_as_plain(const std::filesystem::path& dir, const std::string& tag, int r, double extra_gathers) {
+  const auto checkpointed = load_tensor(dir / (tag + "_checkpointed_rank" + std::to_string(r) + ".bin"));
+  const auto plain = load_tensor(dir / (tag + "_plain_rank" + std::to_string(r) + ".bin"));
+  const int64_t n = plain.numel() - 1;  // the parameters, then the all-gather count
+  EXPECT_TRUE(torch::equal(checkpointed.narrow(0, 0, n), plain.narrow(0, 0, n)))
+      << tag << " rank " << r << ": parameters differ by "
+      << (checkpointed.narrow(0, 0, n) - plain.narrow(0, 0, n)).abs().max().item<double>();
+  EXPECT_EQ(checkpointed[n].item<double>(), plain[n].item<double>() + extra_gathers) << tag << " rank " << r
+                                                                                    << ": all-gathers";
+}
+
 TEST(ActivationCheckpointTwoRanks, TrainsDataParallelAndZeroOneAndTwoBitwiseAsWithoutIt) {
   auto job = run_job("checkpointed_blocks", {.world_size = 2});
   ASSERT_EQ(job.exit_code, 0) << job.logs();
   for (const std::string tag : {"ddp", "zero1", "zero2"})
-    for (int r = 0; r < 2; ++r) {
-      const auto checkpointed = load_tensor(job.dir / (tag + "_checkpointed_rank" + std::to_string(r) + ".bin"));
-      const auto plain = load_tensor(job.dir / (tag + "_plain_rank" + std::to_string(r) + ".bin"));
-      const int64_t n = plain.numel() - 1;  // the parameters, then the all-gather count
-      EXPECT_TRUE(torch::equal(checkpointed.narrow(0, 0, n), plain.narrow(0, 0, n)))
-          << tag << " rank " << r << ": parameters differ by "
-          << (checkpointed.narrow(0, 0, n) - plain.narrow(0, 0, n)).abs().max().item<double>();
-      EXPECT_EQ(checkpointed[n].item<double>(), plain[n].item<double>()) << tag << " rank " << r << ": all-gathers";
-    }
+    for (int r = 0; r < 2; ++r) expect_checkpointed_as_plain(job.dir, tag, r, /*extra_gathers=*/0);
 }
 
 ACCELERATE_WORKER(checkpointed_blocks_zero3) {
@@ -216,17 +222,10 @@ TEST(ActivationCheckpointTwoRanks, TrainsZeroThreeWithAndWithoutUnitsBitwiseAsWi
   ASSERT_EQ(job.exit_code, 0) << job.logs();
   for (const std::string tag : {"zero3", "zero3_units"})
     for (int r = 0; r < 2; ++r) {
-      const auto checkpointed = load_tensor(job.dir / (tag + "_checkpointed_rank" + std::to_string(r) + ".bin"));
-      const auto plain = load_tensor(job.dir / (tag + "_plain_rank" + std::to_string(r) + ".bin"));
-      const int64_t n = plain.numel() - 1;  // the parameters, then the all-gather count
-      EXPECT_TRUE(torch::equal(checkpointed.narrow(0, 0, n), plain.narrow(0, 0, n)))
-          << tag << " rank " << r << ": parameters differ by "
-          << (checkpointed.narrow(0, 0, n) - plain.narrow(0, 0, n)).abs().max().item<double>();
       // Today a unit's recompute costs one all-gather more than its plain backward: unit_forward
       // releases the unit after the recompute's call and the hook on its output gathers it again
       // for the nested backward (3 units, kSteps steps). Keeping it gathered would make them equal.
-      const double extra = tag == "zero3_units" ? 3.0 * kSteps : 0.0;
-      EXPECT_EQ(checkpointed[n].item<double>(), plain[n].item<double>() + extra) << tag << " rank " << r << ": all-gathers";
+      expect_checkpointed_as_plain(job.dir, tag, r, tag == "zero3_units" ? 3.0 * kSteps : 0.0);
     }
 }
 
