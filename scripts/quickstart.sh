@@ -13,7 +13,7 @@ packages=(
   cmake g++ ninja-build ccache python3-venv pkg-config
   libboost-dev librange-v3-dev libgtest-dev libgmock-dev libbenchmark-dev
   zlib1g-dev nlohmann-json3-dev libyaml-cpp-dev libgloo-dev
-  dataset-fashion-mnist iproute2 valgrind gnuplot-nox clang libclang-rt-14-dev
+  dataset-fashion-mnist fortunes iproute2 valgrind gnuplot-nox clang libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do
