@@ -9,9 +9,14 @@
 
 #include <gtest/gtest.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>  // mallinfo2
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -618,6 +623,55 @@ ACCELERATE_WORKER(zero3_policies) {
 TEST(ShardedPolicies, Bf16ClipValueAndAdagradWorkAtStage3) {
   auto job = run_job("zero3_policies", {.world_size = 2});
   ASSERT_EQ(job.exit_code, 0) << job.logs();
+}
+
+// --- freed memory: kept when asked, handed back otherwise ---------------------------------------
+
+#if defined(__GLIBC__)
+// A sharded step ends by trimming the heap (malloc_trim: its free pages go back to the system)
+// unless AcceleratorOptions::retain_freed_memory asks to keep freed memory — kept, the next
+// step does not fault them in again. A 3 MB buffer (below both of glibc's mmap thresholds the
+// option sets) freed before a step leaves the top of the heap free; glibc's keepcost after the
+// step says whether the step handed it back. KEEP_FREED_MEMORY set: kept.
+ACCELERATE_WORKER(zero3_freed_memory) {
+  const bool keep = std::getenv("KEEP_FREED_MEMORY") != nullptr;
+  accelerate::Accelerator<accelerate::Zero<accelerate::Gloo, 3>> acc{
+      {.cpu = true, .retain_freed_memory = keep, .huge_pages = false, .process_group = {.timeout = 60s}}};
+  torch::manual_seed(5);
+  TinyNet net(kIn, kHidden, kOut);
+  torch::optim::SGD sgd(net->parameters(), 0.05);
+  auto [model, opt] = acc.prepare(net, sgd);
+  auto step = [&](int i) {
+    auto [x, y] = batch(i, acc.process_index(), acc.num_processes());
+    acc.backward(torch::mse_loss(model(x), y));
+    opt.step();
+  };
+  step(0);
+  opt.zero_grad();
+  constexpr std::size_t bytes = 3u << 20;
+  void* (*volatile allocate)(std::size_t) = std::malloc;  // not elided with its free
+  void* buffer = allocate(bytes);
+  std::memset(buffer, 1, bytes);
+  std::free(buffer);
+  step(1);
+  const std::size_t free_top = mallinfo2().keepcost;
+  std::string problems;
+  if (keep != (free_top >= bytes))
+    problems += std::string(keep ? "kept" : "handed back") + ", but the free top of the heap after the step is " +
+                std::to_string(free_top) + " B; ";
+  return exit_code(problems);
+}
+#endif
+
+TEST(ShardedMemory, AStepKeepsFreedMemoryWhenAskedAndHandsItBackOtherwise) {
+#if defined(__GLIBC__)
+  auto kept = run_job("zero3_freed_memory", {.world_size = 2, .env = {{"KEEP_FREED_MEMORY", "1"}}});
+  EXPECT_EQ(kept.exit_code, 0) << kept.logs();
+  auto returned = run_job("zero3_freed_memory", {.world_size = 2});
+  EXPECT_EQ(returned.exit_code, 0) << returned.logs();
+#else
+  GTEST_SKIP() << "the C library is not glibc: there is no heap to trim";
+#endif
 }
 
 // --- fp16: an inf in one rank's slice makes every rank skip the step ---------------------------

@@ -12,7 +12,9 @@ namespace accelerate::distributed {
 
 ACCELERATE_INLINE ShardedCore::ShardedCore(const AcceleratorOptions& options, std::string_view fingerprint,
                                            ProcessGroupTransport transport, int stage)
-    : ProcessGroupCore(options, fingerprint, transport), stage_(stage) {
+    : ProcessGroupCore(options, fingerprint, transport),
+      stage_(stage),
+      trims_heap_each_step_(!options.retain_freed_memory.value_or(false)) {
   ACCELERATE_CHECK(stage >= 1 && stage <= 3, "ShardedCore: stage 1, 2 or 3, not ", stage);
 }
 
@@ -213,7 +215,7 @@ ACCELERATE_INLINE void ShardedCore::step_optimizer(torch::optim::Optimizer& opti
     if (stage_ == 3) models_[model].reducer->release_units();
     else models_[model].reducer->gather_parameters(bucket);
   }
-  if (this->collective_device().is_cpu()) return_free_heap_to_os();
+  if (trims_heap_each_step_ && this->collective_device().is_cpu()) return_free_heap_to_os();
 }
 
 ACCELERATE_INLINE void ShardedCore::zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
