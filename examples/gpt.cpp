@@ -22,6 +22,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -216,6 +217,7 @@ struct Args {
   int zero_stage = 0;
   bool checkpoint_activations = false;
   std::size_t workers = 0;
+  std::optional<bool> retain_freed_memory;  // unset: the Backend's choice (kept, except under ZeRO)
   std::string project_dir;  // checkpoints here; the final model in <dir>/model
   bool resume = false;
   bool allow_world_size_change = false;  // --resume on another number of ranks (state re-cut, epoch re-dealt)
@@ -235,7 +237,7 @@ struct Args {
             << "usage: gpt [--nproc N] [--steps N] [--batch-size N] [--lr X] [--warmup N] [--min-lr-ratio X]\n"
             << "           [--weight-decay X] [--clip-norm X] [--accum K] [--precision fp32|bf16] [--zero 1|2|3]\n"
             << "           [--checkpoint-activations] [--layers N] [--heads N] [--embd N] [--block-size N]\n"
-            << "           [--dropout X] [--data FILE|DIR] [--workers N] [--seed N]\n"
+            << "           [--dropout X] [--data FILE|DIR] [--workers N] [--seed N] [--freed-memory keep|return]\n"
             << "           [--project-dir DIR [--resume [--allow-world-size-change]] [--save-every N]] [--log-with jsonl,csv,tensorboard|all]\n"
             << "           [--eval-batches N] [--prompt TEXT] [--sample-tokens N] [--log-every N] [--no-progress]\n"
             << "           [--dump DIR]   (one process: what tests/baseline/gpt_parity.py replays)\n";
@@ -287,6 +289,11 @@ Args parse(int argc, char** argv) {
     else if (flag == "--dropout") a.model.dropout = parse_real(flag, value());
     else if (flag == "--data") a.data = value();
     else if (flag == "--workers") a.workers = parse_count<std::size_t>(flag, value());
+    else if (flag == "--freed-memory") {
+      const std::string v = value();
+      if (v != "keep" && v != "return") usage("--freed-memory must be keep or return");
+      a.retain_freed_memory = v == "keep";
+    }
     else if (flag == "--seed") a.seed = parse_count<std::uint64_t>(flag, value());
     else if (flag == "--project-dir") a.project_dir = value();
     else if (flag == "--resume") a.resume = true;
@@ -366,7 +373,7 @@ template <class Acc>
 int train(const Args& args) {
   const auto start = std::chrono::steady_clock::now();
   accelerate::PreemptionGuard preemption;  // SIGTERM/SIGUSR1: save the state at the next step, exit 0
-  accelerate::AcceleratorOptions options{.seed = args.seed};
+  accelerate::AcceleratorOptions options{.seed = args.seed, .retain_freed_memory = args.retain_freed_memory};
   options.tracking.log_with = args.log_with;
   options.accumulation.num_steps = args.run.gradient_accumulation_steps;
   // --clip-norm 0: the norm is only measured; a bound of the largest float never scales.
