@@ -10,7 +10,6 @@
 
 #include <torch/torch.h>
 
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -22,6 +21,8 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "flag_values.hpp"
 
 namespace {
 
@@ -69,25 +70,12 @@ struct Progress {
   std::exit(2);
 }
 
-// A whole-number flag value: digits only (no sign, no fraction, nothing after), in range.
 template <class T>
 T parse_count(const std::string& flag, const std::string& text) {
-  T out{};
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), out);
-  if (text.empty() || text.front() == '-' || text.front() == '+' || error != std::errc() ||
-      end != text.data() + text.size())
-    usage(flag + " needs a whole number, got '" + text + "'");
-  return out;
+  return examples::whole_number<T>(flag, text, usage);
 }
 
-// A real-number flag value: the whole text must be a finite number.
-double parse_real(const std::string& flag, const std::string& text) {
-  double out = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), out);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size() || !std::isfinite(out))
-    usage(flag + " needs a number, got '" + text + "'");
-  return out;
-}
+double parse_real(const std::string& flag, const std::string& text) { return examples::real_number(flag, text, usage); }
 
 // The value of `--config FILE` in argv, if any.
 std::optional<std::string> config_file(int argc, char** argv) {

@@ -13,7 +13,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -28,6 +27,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "flag_values.hpp"
 
 namespace {
 
@@ -246,21 +247,10 @@ struct Args {
 
 template <class T>
 T parse_count(const std::string& flag, const std::string& text) {
-  T out{};
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), out);
-  if (text.empty() || text.front() == '-' || text.front() == '+' || error != std::errc() ||
-      end != text.data() + text.size())
-    usage(flag + " needs a whole number, got '" + text + "'");
-  return out;
+  return examples::whole_number<T>(flag, text, usage);
 }
 
-double parse_real(const std::string& flag, const std::string& text) {
-  double out = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), out);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size() || !std::isfinite(out))
-    usage(flag + " needs a number, got '" + text + "'");
-  return out;
-}
+double parse_real(const std::string& flag, const std::string& text) { return examples::real_number(flag, text, usage); }
 
 Args parse(int argc, char** argv) {
   Args a;
