@@ -70,13 +70,6 @@ struct Progress {
   std::exit(2);
 }
 
-template <class T>
-T parse_count(const std::string& flag, const std::string& text) {
-  return examples::whole_number<T>(flag, text, usage);
-}
-
-double parse_real(const std::string& flag, const std::string& text) { return examples::real_number(flag, text, usage); }
-
 // The value of `--config FILE` in argv, if any.
 std::optional<std::string> config_file(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i)
@@ -105,15 +98,15 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(flag + " needs a value");
       return argv[++i];
     };
-    if (flag == "--epochs") a.epochs = parse_count<int>(flag, value());
-    else if (flag == "--batch-size") a.batch_size = parse_count<std::size_t>(flag, value());
-    else if (flag == "--lr") a.lr = parse_real(flag, value());
-    else if (flag == "--seed") a.seed = parse_count<std::uint64_t>(flag, value());
+    if (flag == "--epochs") a.epochs = examples::whole_number<int>(flag, value(), usage);
+    else if (flag == "--batch-size") a.batch_size = examples::whole_number<std::size_t>(flag, value(), usage);
+    else if (flag == "--lr") a.lr = examples::real_number(flag, value(), usage);
+    else if (flag == "--seed") a.seed = examples::whole_number<std::uint64_t>(flag, value(), usage);
     else if (flag == "--data") a.data = value();
     else if (flag == "--no-progress") a.progress = false;
-    else if (flag == "--workers") a.workers = parse_count<std::size_t>(flag, value());
-    else if (flag == "--zero") a.zero_stage = parse_count<int>(flag, value());
-    else if (flag == "--max-train-samples") a.max_train_samples = parse_count<std::size_t>(flag, value());
+    else if (flag == "--workers") a.workers = examples::whole_number<std::size_t>(flag, value(), usage);
+    else if (flag == "--zero") a.zero_stage = examples::whole_number<int>(flag, value(), usage);
+    else if (flag == "--max-train-samples") a.max_train_samples = examples::whole_number<std::size_t>(flag, value(), usage);
     else if (flag == "--project-dir") a.project_dir = value();
     else if (flag == "--resume") a.resume = true;
     else if (flag == "--env") a.env = true;
@@ -124,10 +117,10 @@ Args parse(int argc, char** argv) {
       std::stringstream list(value());
       for (std::string name; std::getline(list, name, ',');) a.log_with.push_back(name);
     }
-    else if (flag == "--accum") a.run.gradient_accumulation_steps = parse_count<std::size_t>(flag, value());
-    else if (flag == "--clip-norm") a.run.max_grad_norm = parse_real(flag, value());
-    else if (flag == "--power-sgd-rank") a.power_sgd.rank = parse_count<int>(flag, value());
-    else if (flag == "--power-sgd-start") a.power_sgd.start_iteration = parse_count<std::size_t>(flag, value());
+    else if (flag == "--accum") a.run.gradient_accumulation_steps = examples::whole_number<std::size_t>(flag, value(), usage);
+    else if (flag == "--clip-norm") a.run.max_grad_norm = examples::real_number(flag, value(), usage);
+    else if (flag == "--power-sgd-rank") a.power_sgd.rank = examples::whole_number<int>(flag, value(), usage);
+    else if (flag == "--power-sgd-start") a.power_sgd.start_iteration = examples::whole_number<std::size_t>(flag, value(), usage);
     else if (flag == "--compression") {
       const std::string c = value();
       if (c == "none") a.compression = accelerate::GradientCompression::none;

@@ -245,13 +245,6 @@ struct Args {
   std::exit(2);
 }
 
-template <class T>
-T parse_count(const std::string& flag, const std::string& text) {
-  return examples::whole_number<T>(flag, text, usage);
-}
-
-double parse_real(const std::string& flag, const std::string& text) { return examples::real_number(flag, text, usage); }
-
 Args parse(int argc, char** argv) {
   Args a;
   a.run.with_environment();
@@ -262,37 +255,37 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(flag + " needs a value");
       return argv[++i];
     };
-    if (flag == "--steps") a.steps = parse_count<int64_t>(flag, value());
-    else if (flag == "--batch-size") a.batch_size = parse_count<std::size_t>(flag, value());
-    else if (flag == "--lr") a.lr = parse_real(flag, value());
-    else if (flag == "--warmup") a.warmup = parse_count<int64_t>(flag, value());
-    else if (flag == "--min-lr-ratio") a.min_lr_ratio = parse_real(flag, value());
-    else if (flag == "--weight-decay") a.weight_decay = parse_real(flag, value());
-    else if (flag == "--clip-norm") a.clip_norm = parse_real(flag, value());
-    else if (flag == "--accum") a.run.gradient_accumulation_steps = parse_count<std::size_t>(flag, value());
-    else if (flag == "--zero") a.zero_stage = parse_count<int>(flag, value());
+    if (flag == "--steps") a.steps = examples::whole_number<int64_t>(flag, value(), usage);
+    else if (flag == "--batch-size") a.batch_size = examples::whole_number<std::size_t>(flag, value(), usage);
+    else if (flag == "--lr") a.lr = examples::real_number(flag, value(), usage);
+    else if (flag == "--warmup") a.warmup = examples::whole_number<int64_t>(flag, value(), usage);
+    else if (flag == "--min-lr-ratio") a.min_lr_ratio = examples::real_number(flag, value(), usage);
+    else if (flag == "--weight-decay") a.weight_decay = examples::real_number(flag, value(), usage);
+    else if (flag == "--clip-norm") a.clip_norm = examples::real_number(flag, value(), usage);
+    else if (flag == "--accum") a.run.gradient_accumulation_steps = examples::whole_number<std::size_t>(flag, value(), usage);
+    else if (flag == "--zero") a.zero_stage = examples::whole_number<int>(flag, value(), usage);
     else if (flag == "--checkpoint-activations") a.checkpoint_activations = true;
-    else if (flag == "--layers") a.model.layers = parse_count<int64_t>(flag, value());
-    else if (flag == "--heads") a.model.heads = parse_count<int64_t>(flag, value());
-    else if (flag == "--embd") a.model.embd = parse_count<int64_t>(flag, value());
-    else if (flag == "--block-size") a.model.block_size = parse_count<int64_t>(flag, value());
-    else if (flag == "--dropout") a.model.dropout = parse_real(flag, value());
+    else if (flag == "--layers") a.model.layers = examples::whole_number<int64_t>(flag, value(), usage);
+    else if (flag == "--heads") a.model.heads = examples::whole_number<int64_t>(flag, value(), usage);
+    else if (flag == "--embd") a.model.embd = examples::whole_number<int64_t>(flag, value(), usage);
+    else if (flag == "--block-size") a.model.block_size = examples::whole_number<int64_t>(flag, value(), usage);
+    else if (flag == "--dropout") a.model.dropout = examples::real_number(flag, value(), usage);
     else if (flag == "--data") a.data = value();
-    else if (flag == "--workers") a.workers = parse_count<std::size_t>(flag, value());
+    else if (flag == "--workers") a.workers = examples::whole_number<std::size_t>(flag, value(), usage);
     else if (flag == "--freed-memory") {
       const std::string v = value();
       if (v != "keep" && v != "return") usage("--freed-memory must be keep or return");
       a.retain_freed_memory = v == "keep";
     }
-    else if (flag == "--seed") a.seed = parse_count<std::uint64_t>(flag, value());
+    else if (flag == "--seed") a.seed = examples::whole_number<std::uint64_t>(flag, value(), usage);
     else if (flag == "--project-dir") a.project_dir = value();
     else if (flag == "--resume") a.resume = true;
     else if (flag == "--allow-world-size-change") a.allow_world_size_change = true;
-    else if (flag == "--save-every") a.save_every = parse_count<int64_t>(flag, value());
-    else if (flag == "--eval-batches") a.eval_batches = parse_count<std::size_t>(flag, value());
+    else if (flag == "--save-every") a.save_every = examples::whole_number<int64_t>(flag, value(), usage);
+    else if (flag == "--eval-batches") a.eval_batches = examples::whole_number<std::size_t>(flag, value(), usage);
     else if (flag == "--prompt") a.prompt = value();
-    else if (flag == "--sample-tokens") a.sample_tokens = parse_count<int64_t>(flag, value());
-    else if (flag == "--log-every") a.log_every = parse_count<int64_t>(flag, value());
+    else if (flag == "--sample-tokens") a.sample_tokens = examples::whole_number<int64_t>(flag, value(), usage);
+    else if (flag == "--log-every") a.log_every = examples::whole_number<int64_t>(flag, value(), usage);
     else if (flag == "--no-progress") a.progress = false;
     else if (flag == "--dump") a.dump = value();
     else if (flag == "--log-with") {
