@@ -92,12 +92,7 @@ Args parse(int argc, char** argv) {
   a.run = file_config(config_file(argc, argv));
   a.run.with_environment();
   a.run.num_processes = accelerate::distributed::detect_environment().world_size;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(flag + " needs a value");
-      return argv[++i];
-    };
+  examples::for_each_flag(argc, argv, usage, [&](const std::string& flag, auto& value) {
     if (flag == "--epochs") a.epochs = examples::whole_number<int>(flag, value(), usage);
     else if (flag == "--batch-size") a.batch_size = examples::whole_number<std::size_t>(flag, value(), usage);
     else if (flag == "--lr") a.lr = examples::real_number(flag, value(), usage);
@@ -134,7 +129,7 @@ Args parse(int argc, char** argv) {
       if (p != "fp32" && p != "bf16" && p != "fp16") usage("--precision must be fp32, bf16 or fp16");
       a.run.mixed_precision = p == "fp32" ? "no" : p;
     } else usage("unknown flag " + flag);
-  }
+  });
   if (a.epochs < 1 || a.batch_size < 1 || !(a.lr > 0) || a.run.gradient_accumulation_steps < 1)
     usage("--epochs, --batch-size, --lr and --accum must be positive");
   if (a.run.max_grad_norm && *a.run.max_grad_norm < 0) usage("--clip-norm must not be negative");

@@ -32,4 +32,18 @@ double real_number(const std::string& flag, const std::string& text, Fail&& fail
   std::abort();  // not reached: fail exits
 }
 
+/// Calls on_flag(flag, value) for each argument after the program's name; value() returns the
+/// argument after the flag (and consumes it), or calls `fail` naming the flag when none is left.
+template <class Fail, class OnFlag>
+void for_each_flag(int argc, char** argv, Fail&& fail, OnFlag&& on_flag) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) fail(flag + " needs a value");
+      return argv[++i];
+    };
+    on_flag(flag, value);
+  }
+}
+
 }  // namespace examples

@@ -249,12 +249,7 @@ Args parse(int argc, char** argv) {
   Args a;
   a.run.with_environment();
   a.run.num_processes = accelerate::distributed::detect_environment().world_size;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(flag + " needs a value");
-      return argv[++i];
-    };
+  examples::for_each_flag(argc, argv, usage, [&](const std::string& flag, auto& value) {
     if (flag == "--steps") a.steps = examples::whole_number<int64_t>(flag, value(), usage);
     else if (flag == "--batch-size") a.batch_size = examples::whole_number<std::size_t>(flag, value(), usage);
     else if (flag == "--lr") a.lr = examples::real_number(flag, value(), usage);
@@ -296,7 +291,7 @@ Args parse(int argc, char** argv) {
       if (p != "fp32" && p != "bf16") usage("--precision must be fp32 or bf16");
       a.run.mixed_precision = p == "fp32" ? "no" : p;
     } else usage("unknown flag " + flag);
-  }
+  });
   if (a.steps < 1 || a.batch_size < 1 || !(a.lr > 0) || a.run.gradient_accumulation_steps < 1)
     usage("--steps, --batch-size, --lr and --accum must be positive");
   if (a.model.layers < 1 || a.model.heads < 1 || a.model.embd % a.model.heads != 0 || a.model.block_size < 2)
