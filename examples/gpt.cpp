@@ -434,15 +434,14 @@ int train(const Args& args) {
           batches.emplace("x." + index, x.cpu().clone());
           batches.emplace("y." + index, y.cpu().clone());
           rates.push_back(optimizer.param_groups()[0].options().get_lr());
+          losses.push_back(loss.template item<double>());
         }
         optimizer.step();
         scheduler.step();
         optimizer.zero_grad();
         ++progress.micro_steps;
         progress.tokens += x.numel() * world;
-        const double loss_value = loss.template item<double>();
-        if (!dump.empty()) losses.push_back(loss_value);
-        window_loss += loss_value;
+        window_loss += loss.template item<double>();
         ++window_micro_steps;
         if (!step.sync_gradients()) continue;
         ++progress.optimizer_steps;
