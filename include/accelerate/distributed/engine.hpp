@@ -8,8 +8,10 @@
 // (tests/distributed/engine_conformance_test.cpp) proves the engine with one line.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -155,6 +157,17 @@ std::vector<at::Tensor> gradient_holders(E& engine, const std::vector<at::Tensor
   else return params;
 }
 
+/// torch::nn::utils::clip_grad_norm_ on gradients this process holds whole, bit for bit, for
+/// any bound. LibTorch divides the bound by the norm as a tensor of the gradients' type and
+/// refuses a bound beyond float's range ("value cannot be converted to type float without
+/// overflow") — yet the largest double is what a run passes to measure the norm and never
+/// scale. A float norm is at most FLT_MAX or infinite, so FLT_MAX as the bound clips exactly
+/// what any larger bound clips (nothing; an infinite norm scales them by zero either way).
+inline double clip_whole_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double norm_type) {
+  return torch::nn::utils::clip_grad_norm_(
+      params, std::min(max_norm, static_cast<double>(std::numeric_limits<float>::max())), norm_type);
+}
+
 /// Clips the gradients of `params` to a global `norm_type`-norm of at most `max_norm` and
 /// returns the norm before clipping. Default: gradients are replicated, so the local norm is
 /// the global one (torch::nn::utils::clip_grad_norm_, bit for bit). A sharded engine, whose
@@ -163,7 +176,7 @@ template <class E>
 double clip_grad_norm(E& engine, const std::vector<at::Tensor>& params, double max_norm, double norm_type) {
   if constexpr (requires { engine.clip_grad_norm(params, max_norm, norm_type); })
     return engine.clip_grad_norm(params, max_norm, norm_type);
-  else return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
+  else return clip_whole_grad_norm(params, max_norm, norm_type);
 }
 
 /// Whether this rank writes the checkpoint state that every rank holds alike (models,

@@ -438,7 +438,7 @@ ACCELERATE_INLINE std::vector<at::Tensor> ShardedCore::gradient_holders(const st
 
 ACCELERATE_INLINE double ShardedCore::clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double norm_type) {
   // One process holds every gradient whole: SingleProcess's clipping, bit for bit.
-  if (!this->communicator()) return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
+  if (!this->communicator()) return clip_whole_grad_norm(params, max_norm, norm_type);
   std::vector<at::Tensor> grads;
   for (const auto& holder : gradient_holders(params)) {
     if (!holder.grad().defined()) continue;

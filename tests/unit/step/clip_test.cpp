@@ -89,6 +89,21 @@ TEST(ClipStep, ClipNormRemembersThePreClipNormAndMeetsTheBound) {
   EXPECT_LE(std::sqrt(norm), 1.0 + 1e-5);
 }
 
+// The largest double as the bound means "measure the norm, never scale" (what a run that clips
+// only sometimes passes); LibTorch's clip_grad_norm_ divides the bound by a float tensor and
+// refused it ("value cannot be converted to type float without overflow") under one process
+// and data parallel, while the sharded engines took it.
+TEST(ClipStep, ClipNormWithABoundBeyondFloatsRangeMeasuresAndNeverScales) {
+  ClipStep<accelerate::ClipNorm<>> step;
+  accelerate::distributed::LocalEngine engine({}, "");
+  torch::nn::Linear net(2, 2);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  for (auto& p : net->parameters()) p.mutable_grad() = torch::full_like(p, 3.0);
+  step.apply(engine, sgd, {.max_norm = std::numeric_limits<double>::max()});
+  EXPECT_NEAR(step.last_norm(), std::sqrt(6.0 * 9.0), 1e-5);
+  for (const auto& p : net->parameters()) EXPECT_TRUE(torch::equal(p.grad(), torch::full_like(p, 3.0)));
+}
+
 TEST(ClipStep, ClipValueBoundsEveryElement) {
   ClipStep<accelerate::ClipValue> step;
   accelerate::distributed::LocalEngine engine({}, "");
