@@ -65,9 +65,11 @@ class UnitBindings {
 /// while the next listed unit's all-gather is started, and released after it; a hook on the
 /// output gathers them again just before the unit's backward (while the previous listed
 /// unit's is started), and they are released once their gradients are in. Called inside
-/// backward (accelerate::activation_checkpoint's recompute of a unit) it gathers the unit
-/// again, for that call and its backward, and starts no other unit's all-gather. A unit returning
-/// something other than a tensor stays gathered until its gradients are in. Anywhere else
+/// backward (accelerate::activation_checkpoint's recompute of a unit) it gathers the unit once
+/// for the recompute and the backward that follows it, keeps it gathered until its gradients
+/// are in, and starts the previous listed unit's all-gather: the same all-gathers as without
+/// checkpointing. A unit returning something other than a tensor stays gathered until its
+/// gradients are in. Anywhere else
 /// (data parallel, one process, an unlisted child) it is the plain call.
 /// Every rank must run the same units in the same order (each gather is a collective), as
 /// every rank runs the same forward under data parallel.
@@ -93,9 +95,15 @@ decltype(auto) unit_forward(Child& child, Args&&... args) {
   const std::shared_ptr<GradientReducer>& reducer = bound->first;
   const UnitBindings::Binding& binding = bound->second;
   reducer->gather_unit(binding.unit);
-  // Inside backward this is an activation checkpoint's recompute: the next unit's backward is
-  // done, and the hook set below prefetches the previous one instead.
-  if (binding.next && !compat::in_backward()) reducer->prefetch_unit(*binding.next);
+  // Inside backward this is an activation checkpoint's recompute, and this unit's backward
+  // comes next: releasing it here would make that backward gather it again. It stays gathered
+  // until its gradients are in (the reducer releases it then), and the unit whose backward
+  // follows is the previous one, not the next.
+  if (compat::in_backward()) {
+    if (binding.previous) reducer->prefetch_unit(*binding.previous);
+    return Output(call());
+  }
+  if (binding.next) reducer->prefetch_unit(*binding.next);
   Output output = call();
   const bool backward = torch::autograd::GradMode::is_enabled();
   if constexpr (std::is_same_v<std::decay_t<Output>, at::Tensor>) {
