@@ -87,6 +87,11 @@ class BucketReduction {
   }
   /// Bytes it keeps between rounds.
   virtual std::size_t state_bytes() const noexcept { return 0; }
+
+ protected:
+  /// Waits for `work`, if any, and drops its error: wait_quietly's step for each collective it
+  /// started (the round is given up, so the error that matters was raised already).
+  static void wait_ignoring_errors(const InFlight& work) noexcept;
 };
 
 /// The sum by one all-reduce per bucket (PyTorch DDP's), then a division.

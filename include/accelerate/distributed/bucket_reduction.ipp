@@ -10,13 +10,16 @@
 
 namespace accelerate::distributed {
 
-ACCELERATE_INLINE void BucketReduction::wait_quietly(std::vector<BucketBuffers>& buckets, std::size_t launched) {
-  for (std::size_t b = 0; b < launched && b < buckets.size(); ++b) {
-    try {
-      if (buckets[b].work) buckets[b].work.work->wait();  // none when retired already
-    } catch (...) {
-    }
+ACCELERATE_INLINE void BucketReduction::wait_ignoring_errors(const InFlight& work) noexcept {
+  try {
+    if (work) work.work->wait();
+  } catch (...) {
   }
+}
+
+ACCELERATE_INLINE void BucketReduction::wait_quietly(std::vector<BucketBuffers>& buckets, std::size_t launched) {
+  for (std::size_t b = 0; b < launched && b < buckets.size(); ++b)
+    wait_ignoring_errors(buckets[b].work);  // none when retired already
 }
 
 ACCELERATE_INLINE void BucketReduction::reset_round(std::vector<BucketBuffers>& buckets) {
@@ -82,12 +85,7 @@ ACCELERATE_INLINE void RankOrderedSum::finish(std::vector<BucketBuffers>& bucket
 ACCELERATE_INLINE void RankOrderedSum::wait_quietly(std::vector<BucketBuffers>& buckets, std::size_t launched) {
   BucketReduction::wait_quietly(buckets, launched);
   for (std::size_t b = 0; b < launched && b < exchange_.size(); ++b)
-    for (const auto& part : exchange_[b]) {
-      try {
-        if (part) part.work->wait();
-      } catch (...) {
-      }
-    }
+    for (const auto& part : exchange_[b]) wait_ignoring_errors(part);
 }
 
 ACCELERATE_INLINE void RankOrderedSum::reset_round(std::vector<BucketBuffers>& buckets) {
@@ -144,12 +142,7 @@ ACCELERATE_INLINE void CompressedSum::finish(std::vector<BucketBuffers>& buckets
 ACCELERATE_INLINE void CompressedSum::wait_quietly(std::vector<BucketBuffers>& buckets, std::size_t launched) {
   if (!compressed_) return uncompressed_->wait_quietly(buckets, launched);
   BucketReduction::wait_quietly(buckets, launched);
-  for (auto& work : second_work_) {
-    try {
-      if (work) work.work->wait();
-    } catch (...) {
-    }
-  }
+  for (const auto& work : second_work_) wait_ignoring_errors(work);
 }
 
 ACCELERATE_INLINE void CompressedSum::reset_round(std::vector<BucketBuffers>& buckets) {

@@ -348,8 +348,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
     std::size_t index_;
   };
 
-  // The buckets laid out with the parameters in `order` and their buffers allocated.
-  void lay_out(const std::vector<std::size_t>& order);
+  // Buffers for the buckets as layout_ lays them out now (BucketLayout lays out as it is
+  // built, so the constructor only allocates).
+  void allocate_buckets();
 
   // Whether sharded bucket `bucket` can take `grad` as its buffer: its only parameter, with no
   // padding, dense and contiguous, of the bucket's dtype and device, and held by nobody else

@@ -60,7 +60,7 @@ ACCELERATE_INLINE GradientReducer::GradientReducer(std::vector<std::pair<std::st
   }
   layout_ = BucketLayout(std::move(bucketed), options_.ddp.first_bucket_cap_bytes, options_.ddp.bucket_cap_bytes,
                          sharded() || reduction_->pads() ? world() : 1);
-  lay_out(layout_.initial_order());
+  allocate_buckets();
   // Each parameter's gradient accumulator, made while the parameter is whole: it records
   // the parameter's shape, and stage 3 releases the parameters right away (one cut as it
   // was built gets its own once shard_parameters has made it whole).
@@ -242,8 +242,7 @@ ACCELERATE_INLINE void GradientReducer::regather_in_backward(
   });
 }
 
-ACCELERATE_INLINE void GradientReducer::lay_out(const std::vector<std::size_t>& order) {
-  layout_.lay_out(order);
+ACCELERATE_INLINE void GradientReducer::allocate_buckets() {
   buffers_.assign(layout_.size(), BucketBuffers{});
   pending_.assign(layout_.size(), 0);
   for (std::size_t b = 0; b < layout_.size(); ++b) {
@@ -607,7 +606,8 @@ ACCELERATE_INLINE void GradientReducer::relayout(const std::vector<std::size_t>&
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (is_view_of(params_[i].grad(), bucket_slot(i), params_[i])) moved[i] = params_[i].grad();
   torch::NoGradGuard no_grad;
-  lay_out(order);
+  layout_.lay_out(order);
+  allocate_buckets();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (!moved[i].defined()) continue;
     bucket_slot(i).copy_(moved[i].reshape(-1));
