@@ -48,6 +48,7 @@
 #include <accelerate/distributed/heartbeat.ipp>
 #include <accelerate/distributed/join.ipp>
 #include <accelerate/distributed/layout_check.ipp>
+#include <accelerate/distributed/parameter_units.ipp>
 #include <accelerate/distributed/process_environment.ipp>
 #include <accelerate/distributed/process_group.ipp>
 #include <accelerate/distributed/reducer.ipp>

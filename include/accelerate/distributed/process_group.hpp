@@ -157,12 +157,11 @@ class ProcessGroupCore {
   }
 
  protected:
-  /// make_model_sync with the reducer's sharding and, for Sharding::parameters, its units
-  /// (sharded engines).
+  /// make_model_sync with the reducer's sharding and, for Sharding::parameters, the store of
+  /// the model's parameters (sharded engines).
   ReducerHandle make_model_sync(torch::nn::Module& module, const std::string& name,
                                 const AcceleratorOptions& options, Sharding sharding,
-                                std::vector<std::string> units = {},
-                                std::unordered_map<const c10::TensorImpl*, BuiltSlice> built = {});
+                                std::shared_ptr<ParameterUnits> units = {});
 
   /// Fails on every rank unless `module` has the same tensor names, dtypes and shapes on all;
   /// the error starts "<caller>: <name> must have".

@@ -143,14 +143,14 @@ ACCELERATE_INLINE JoinScope ProcessGroupCore::join_uneven_inputs(const std::vect
 
 ACCELERATE_INLINE ReducerHandle ProcessGroupCore::make_model_sync(
     torch::nn::Module& module, const std::string& name, const AcceleratorOptions& options, Sharding sharding,
-    std::vector<std::string> units, std::unordered_map<const c10::TensorImpl*, BuiltSlice> built) {
+    std::shared_ptr<ParameterUnits> units) {
   if (!comm_) return {};
   check_same_model(module, name);
   broadcast_state(module, options.ddp.broadcast_buffers);  // (a parameter cut as built is empty)
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (auto& item : module.named_parameters(true)) params.emplace_back(item.key(), item.value());
   auto reducer = std::make_shared<GradientReducer>(
-      std::move(params), comm_, ReducerOptions{options.ddp, sharding, std::move(units), std::move(built)});
+      std::move(params), comm_, ReducerOptions{options.ddp, sharding, std::move(units)});
   reducer->install_hooks();
   std::vector<at::Tensor> buffers;
   if (options.ddp.broadcast_buffers)

@@ -36,6 +36,8 @@
 #include <accelerate/distributed/bucket_layout.hpp>
 #include <accelerate/distributed/bucket_reduction.hpp>
 #include <accelerate/distributed/communicator.hpp>
+#include <accelerate/distributed/end_of_backward.hpp>
+#include <accelerate/distributed/parameter_units.hpp>
 #include <accelerate/options.hpp>
 
 namespace accelerate::distributed {
@@ -54,47 +56,28 @@ enum class Sharding {
   /// average; each parameter's .grad is released as soon as it is copied into its bucket, and
   /// a bucket's full buffer lives only while its reduce-scatter runs.
   gradients,
-  /// ZeRO stage 3: as `gradients`, and the parameters are sharded too. Each bucket's
-  /// parameters are views of one flat buffer whose storage is freed between uses; rank r keeps
-  /// only its slice (shard_piece_tensors() are views of it). Units (ReducerOptions::units) are
-  /// gathered by gather_unit() before their forward and backward and released after.
+  /// ZeRO stage 3: as `gradients`, and the parameters are sharded too, held by a
+  /// ParameterUnits (ReducerOptions::units): each bucket's parameters are views of one flat
+  /// buffer whose storage is freed between uses; rank r keeps only its slice
+  /// (shard_piece_tensors() are views of it).
   parameters,
-};
-
-/// A parameter cut the moment it was built: its shape, and this rank's slice of its flattened
-/// values, elements [rank * L, rank * L + L) for L = ceil(numel / world size), zeros past the end.
-struct BuiltSlice {
-  std::vector<int64_t> shape;
-  at::Tensor slice;
 };
 
 /// What a reducer is built with: the data-parallel options (AcceleratorOptions::ddp, where
 /// each is documented: bucket sizes, unused parameters, bucket views, arrival order, rank-order
-/// sums, compression, stage 3's prefetch and buckets in flight), the sharding, and stage 3's
-/// units and parameters cut as they were built. Arrival order and compression apply to
+/// sums, compression, stage 3's buckets in flight), the sharding, and stage 3's parameter
+/// store. Arrival order and compression apply to
 /// Sharding::none (a sharded optimizer's slices are cut from the bucket layout once, at
 /// prepare); views to Sharding::none and optimizer_state, whose buckets persist (stage 2's live
 /// only while their reduce-scatter runs).
 struct ReducerOptions {
   DdpOptions ddp{};
   Sharding sharding = Sharding::none;
-  /// Sharding::parameters: the units gathered and released together, as name prefixes (a
-  /// parameter "3.weight" belongs to unit "3"); buckets never span two units. Parameters no
-  /// prefix names form one more unit, as does everything when this is empty.
-  std::vector<std::string> units = {};
-  /// Sharding::parameters: the parameters cut as they were built (ShardedEngine::
-  /// shard_as_built), each an empty tensor until prepared, by TensorImpl.
-  std::unordered_map<const c10::TensorImpl*, BuiltSlice> built = {};
+  /// Sharding::parameters (and only then): where the parameters live between their uses,
+  /// owned with the sharded engine. The buckets are laid out by its units (never spanning
+  /// two), it cuts the parameters along them, and it hears of each gradient as it comes in.
+  std::shared_ptr<ParameterUnits> units = {};
 };
-
-/// Elements of the contiguous `base` from element `offset`, shaped `sizes` (contiguous),
-/// sharing its storage but not an autograd view of it: gradients handed to an optimizer must
-/// be, since LibTorch's Optimizer::zero_grad detaches them in place, which autograd refuses
-/// for views.
-at::Tensor storage_alias(const at::Tensor& base, int64_t offset, at::IntArrayRef sizes);
-inline at::Tensor storage_alias(const at::Tensor& base, int64_t offset, int64_t length) {
-  return storage_alias(base, offset, at::IntArrayRef{length});
-}
 
 /// Where one parameter meets this rank's shard of its bucket: `length` elements from element
 /// `begin` of the flattened parameter, at `shard_offset` in the bucket's shard.
@@ -141,7 +124,7 @@ struct ShardPiece {
 /// piece's tensor (shard_piece_tensors()) is a 1-D view of the parameter's own storage, which
 /// an optimizer steps in place before gather_parameters() all-gathers the bucket. With
 /// Sharding::parameters it is a view of the slice the rank keeps instead, and the parameters
-/// are gathered unit by unit (gather_unit) when forward and backward need them.
+/// are gathered unit by unit when forward and backward need them (ParameterUnits).
 class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
  public:
   GradientReducer(std::vector<std::pair<std::string, at::Tensor>> named_params,
@@ -268,65 +251,14 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   /// Collective: every rank calls it for the same buckets in the same order.
   void gather_parameters(std::size_t bucket_index);
 
-  // --- Sharding::parameters (ZeRO stage 3) ------------------------------------------------
-  // A unit's parameters are views of its buckets' flat buffers. Released, the buffers' storage
-  // is freed and each parameter is an empty tensor (what a user reading the model between
-  // steps sees); gathered, the storage is allocated again in place, so tensors autograd saved
-  // in forward (views such as a weight's transpose) read the gathered values in backward.
-  // Every rank gathers the same units in the same order (each gather is a collective).
-
-  /// The units, as ReducerOptions::units named them (a unit holding no trainable parameter
-  /// has nothing to gather).
-  std::size_t unit_count() const noexcept { return units_.size(); }
-  bool unit_has_parameters(std::size_t unit) const { return unit < units_.size() && !units_[unit].params.empty(); }
-  bool unit_gathered(std::size_t unit) const {
-    return unit < units_.size() && units_[unit].state == UnitState::gathered;
-  }
-  /// The parameters of `unit` (indices in parameters()).
-  const std::vector<std::size_t>& unit_parameters(std::size_t unit) const { return units_.at(unit).params; }
-
-  /// Starts the all-gather of `unit`'s parameters (nothing when it is gathered or on its way,
-  /// or when ReducerOptions::prefetch_units is off: gather_unit gathers it when it is needed).
-  void prefetch_unit(std::size_t unit) {
-    if (options_.ddp.prefetch_units) start_gather(unit);
-  }
-
   /// After a backward pass that an exception ended (an out-of-memory error, a hook that threw):
   /// its round is closed (the collectives it launched are waited for, so every rank's next
   /// collective pairs with the same one) and, at stage 3, the units it left gathered are
-  /// released. The next synchronised backward calls it, and so does a stage-3 forward before
-  /// it gathers anything; nothing happens when no backward was abandoned.
+  /// released. The next synchronised backward calls it, and so does every forward before it
+  /// gathers anything; nothing happens when no backward was abandoned.
   void recover_abandoned_backward();
 
-  /// Makes `unit`'s parameters whole: waits for its prefetch, or gathers it now.
-  void gather_unit(std::size_t unit);
-
-  /// Frees `unit`'s full parameters (its slice stays); they are empty tensors until gathered.
-  void release_unit(std::size_t unit);
-  void release_units() {
-    for (std::size_t u = 0; u < units_.size(); ++u) release_unit(u);
-  }
-
-  /// Hooks `output` (what `unit` computed in forward) so that `unit` is gathered again just
-  /// before its backward, when the gradient of its output is known, and the all-gather of
-  /// `previous` (the unit whose backward comes next; unit_count() for none) is started.
-  void regather_in_backward(const at::Tensor& output, std::size_t unit, std::size_t previous);
-
  private:
-  // Stage 3: each bucket's parameters, whole (storage freed while released) and this rank's slice.
-  struct ParameterBucket {
-    at::Tensor shard;  // this rank's slice of the parameters
-    at::Tensor full;   // every parameter; storage freed when released
-    InFlight gather;   // its all-gather in flight
-  };
-  enum class UnitState { released, in_flight, gathered };
-  struct Unit {
-    std::vector<std::size_t> buckets;
-    std::vector<std::size_t> params;
-    UnitState state = UnitState::gathered;  // every parameter is whole until shard_parameters()
-    std::size_t ready = 0;                  // parameters whose gradient came in this backward
-  };
-
   bool sharded() const noexcept { return options_.sharding != Sharding::none; }
   bool scatters() const noexcept { return reduction_->scatters(); }
   bool shards_parameters() const noexcept { return options_.sharding == Sharding::parameters; }
@@ -380,43 +312,10 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
 
   void open_round(bool from_backward);
 
-  // Queues `finish` to run when the current backward pass ends. Autograd drops the callbacks
-  // of a backward that an exception ends, destroying them unrun: then `abandoned` is raised,
-  // and the next round or forward recovers (recover_abandoned_backward).
-  void at_end_of_backward(void (GradientReducer::*finish)(), std::atomic<bool> GradientReducer::*abandoned);
-
-  // Stage 3: once every parameter of a unit has its gradient, no autograd node needs the
-  // unit's full parameters any more (a node that read one also computes its gradient), so
-  // they are freed now, not at the end of backward; what is left gathered then is freed then.
-  void unit_progress(std::size_t index);
-
   // Closes the round a backward that threw left open (recover_abandoned_backward).
   void close_abandoned_round();
-  void end_units_round();
-
-  // Each parameter's unit: the index of the first prefix of ReducerOptions::units that names
-  // it, else one unit after them (all of them when there are none).
-  void assign_units();
 
   void make_accumulator(std::size_t index);
-
-  // Stage 3, at construction: each bucket's parameters copied into its flat buffer, which
-  // they become views of, this rank's slice of it kept apart, and the buffer released before
-  // the next bucket's is made, so the model exists about once while it is cut (all the
-  // buffers at once were a second model at prepare, bench/README.md). A parameter cut as it
-  // was built is all-gathered from every rank's slice instead, one at a time.
-  void shard_parameters();
-
-  // Starts the all-gather of a released unit's parameters into its buckets' full buffers,
-  // allocated again in place.
-  void start_gather(std::size_t unit);
-
-  // Frees a bucket's full parameters: each parameter an empty tensor until gathered again.
-  void release_bucket(std::size_t bucket) {
-    for (const std::size_t index : layout_[bucket].params)
-      params_[index].set_data(at::empty({0}, buffers_[bucket].options));
-    compat::free_storage(param_buckets_[bucket].full.storage());
-  }
 
   // Puts a gradient (zeros when unused or it has none) into its bucket, unless it is its
   // view there already; launches full buckets.
@@ -453,12 +352,9 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   BucketLayout layout_;
   std::vector<BucketBuffers> buffers_;         // per bucket, as layout_
   std::vector<std::size_t> pending_;           // per bucket: gradients still to come this round
-  std::vector<ParameterBucket> param_buckets_; // stage 3, per bucket
   std::vector<std::vector<int64_t>> shape_;  // each parameter's shape and element count (stage 3
   std::vector<int64_t> numel_;               // empties released parameters)
-  std::vector<std::size_t> unit_of_;  // stage 3: parameter -> unit
-  std::vector<Unit> units_;           // stage 3
-  bool units_round_open_ = false;     // stage 3: this backward's end-of-units callback is queued
+  std::shared_ptr<ParameterUnits> units_;  // stage 3: ReducerOptions::units
   std::vector<bool> ready_;
   std::vector<bool> used_;         // received a gradient in this backward (ready_ and used)
   // Received a gradient in a backward without sync since the last synchronised round (no_sync,
@@ -468,7 +364,6 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::vector<bool> unreachable_;  // predicted unused by the last forward; empty: no prediction
   std::vector<std::string> late_;  // predicted unused, yet a gradient came
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // until install_hooks()
-  std::vector<at::Tensor> built_;  // stage 3: this rank's slice of a parameter cut as it was built, until prepared
   std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
   std::vector<ShardPiece> pieces_;          // sharded: this rank's slices
   std::vector<at::Tensor> piece_tensors_;   // sharded: views of the parameters' storage
@@ -480,7 +375,6 @@ class GradientReducer : public std::enable_shared_from_this<GradientReducer> {
   std::size_t sync_rounds_ = 0;
   bool round_open_ = false;
   std::atomic<bool> round_abandoned_{false};  // a backward that opened a round threw
-  std::atomic<bool> units_abandoned_{false};  // stage 3: a backward that gathered units threw
   bool order_settled_ = false;  // the arrival order was looked at (once)
   bool sync_ = true;
   int divisor_ = 0;          // join: ranks averaged over in this round; 0 = all

@@ -5,15 +5,11 @@
 
 namespace accelerate::distributed {
 
-ACCELERATE_INLINE at::Tensor storage_alias(const at::Tensor& base, int64_t offset, at::IntArrayRef sizes) {
-  at::Tensor alias = at::empty({0}, base.options());
-  alias.set_(base.storage(), base.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
-  return alias;
-}
-
 ACCELERATE_INLINE GradientReducer::GradientReducer(std::vector<std::pair<std::string, at::Tensor>> named_params,
                                                    std::shared_ptr<Communicator> comm, ReducerOptions options)
-    : comm_(std::move(comm)), options_(std::move(options)) {
+    : comm_(std::move(comm)), options_(std::move(options)), units_(std::move(options_.units)) {
+  ACCELERATE_CHECK((units_ != nullptr) == shards_parameters(),
+                   "GradientReducer: a parameter store (ReducerOptions::units) goes with Sharding::parameters, and only there");
   ACCELERATE_CHECK(!sharded() || options_.ddp.compression == GradientCompression::none,
                    "gradient compression (AcceleratorOptions::ddp.compression = ", to_string(options_.ddp.compression),
                    ") works with replicated data parallel only, not with a sharded backend");
@@ -36,38 +32,33 @@ ACCELERATE_INLINE GradientReducer::GradientReducer(std::vector<std::pair<std::st
                        "' is not contiguous, so its shard cannot be a view of it");
     names_.push_back(name);
     params_.push_back(p);
-    const auto built = options_.built.find(p.unsafeGetTensorImpl());
-    if (built != options_.built.end()) {
-      ACCELERATE_CHECK(shards_parameters(), "parameter '", name,
-                       "' was cut as it was built (shard_as_built), which only stage 3 can prepare");
-      shape_.push_back(built->second.shape);
-      numel_.push_back(c10::multiply_integers(shape_.back()));
-      built_.push_back(std::move(built->second.slice));
-    } else {
-      shape_.emplace_back(p.sizes().begin(), p.sizes().end());
-      numel_.push_back(p.numel());
-      built_.emplace_back();
-    }
+    // A parameter cut as it was built is empty until the store makes it whole.
+    const std::vector<int64_t>* built = units_ ? units_->built_shape(p) : nullptr;
+    shape_.push_back(built ? *built : std::vector<int64_t>(p.sizes().begin(), p.sizes().end()));
+    numel_.push_back(c10::multiply_integers(shape_.back()));
   }
-  options_.built.clear();
-  assign_units();
+  if (units_) units_->assign(names_);
   std::vector<BucketedParameter> bucketed;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i];
     bucketed.push_back({numel_[i], static_cast<std::size_t>(p.element_size()),
                         {static_cast<int>(p.device().type()), p.device().index(), static_cast<int>(p.scalar_type())},
-                        shards_parameters() ? unit_of_[i] : 0});
+                        units_ ? units_->unit_of(i) : 0});
   }
   layout_ = BucketLayout(std::move(bucketed), options_.ddp.first_bucket_cap_bytes, options_.ddp.bucket_cap_bytes,
                          sharded() || reduction_->pads() ? world() : 1);
   allocate_buckets();
   // Each parameter's gradient accumulator, made while the parameter is whole: it records
   // the parameter's shape, and stage 3 releases the parameters right away (one cut as it
-  // was built gets its own once shard_parameters has made it whole).
+  // was built gets its own once the store has made it whole).
   accumulators_.resize(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i)
-    if (!built_[i].defined()) make_accumulator(i);
-  if (shards_parameters()) shard_parameters();
+    if (!units_ || units_->built_shape(params_[i]) == nullptr) make_accumulator(i);
+  if (units_) {
+    std::vector<at::TensorOptions> bucket_options;
+    for (const auto& bucket : buffers_) bucket_options.push_back(bucket.options);
+    units_->shard(layout_, params_, shape_, bucket_options, comm_, [this](std::size_t i) { make_accumulator(i); });
+  }
   if (sharded()) build_shard_pieces();
   ready_.assign(params_.size(), false);
   used_.assign(params_.size(), false);
@@ -204,44 +195,6 @@ ACCELERATE_INLINE void GradientReducer::gather_parameters(std::size_t bucket_ind
   }
 }
 
-ACCELERATE_INLINE void GradientReducer::gather_unit(std::size_t unit) {
-  if (unit >= units_.size() || units_[unit].state == UnitState::gathered) return;
-  start_gather(unit);
-  torch::NoGradGuard no_grad;
-  for (const std::size_t b : units_[unit].buckets) {
-    ParameterBucket& held = param_buckets_[b];
-    comm_->wait(held.gather, "parameter all_gather");
-    held.gather.reset();
-    const LaidOutBucket& bucket = layout_[b];
-    for (std::size_t j = 0; j < bucket.params.size(); ++j)
-      params_[bucket.params[j]].set_data(storage_alias(held.full, bucket.offsets[j], shape_[bucket.params[j]]));
-  }
-  units_[unit].state = UnitState::gathered;
-}
-
-ACCELERATE_INLINE void GradientReducer::release_unit(std::size_t unit) {
-  if (unit >= units_.size() || units_[unit].state == UnitState::released) return;
-  for (const std::size_t b : units_[unit].buckets) {
-    ParameterBucket& held = param_buckets_[b];
-    if (held.gather) {  // an all-gather writing into the buffer finishes first
-      comm_->wait(held.gather, "parameter all_gather");
-      held.gather.reset();
-    }
-    release_bucket(b);
-  }
-  units_[unit].state = UnitState::released;
-}
-
-ACCELERATE_INLINE void GradientReducer::regather_in_backward(
-    const at::Tensor& output, std::size_t unit, std::size_t previous) {
-  output.register_hook([weak = weak_from_this(), unit, previous](const at::Tensor&) {
-    if (auto held = weak.lock()) {
-      held->gather_unit(unit);
-      held->prefetch_unit(previous);
-    }
-  });
-}
-
 ACCELERATE_INLINE void GradientReducer::allocate_buckets() {
   buffers_.assign(layout_.size(), BucketBuffers{});
   pending_.assign(layout_.size(), 0);
@@ -275,14 +228,14 @@ ACCELERATE_INLINE void GradientReducer::build_shard_pieces() {
       const int64_t shard_offset = bucket.offsets[j] + begin - first;
       pieces_.push_back({index, b, begin, end - begin, shard_offset});
       // Stage 3: a view of the slice this rank keeps; else of the parameter itself.
-      piece_tensors_.push_back(shards_parameters() ? param_buckets_[b].shard.narrow(0, shard_offset, end - begin)
-                                                   : params_[index].detach().view(-1).narrow(0, begin, end - begin));
+      piece_tensors_.push_back(units_ ? units_->slice(b).narrow(0, shard_offset, end - begin)
+                                      : params_[index].detach().view(-1).narrow(0, begin, end - begin));
     }
   }
 }
 
 ACCELERATE_INLINE void GradientReducer::on_ready(std::size_t index) {
-  if (shards_parameters()) unit_progress(index);
+  if (units_) units_->gradient_arrived(index);
   if (announced_sync_ >= 0) {
     const bool announced = announced_sync_ == 1;
     announced_sync_ = -1;  // checked once per backward
@@ -307,7 +260,8 @@ ACCELERATE_INLINE void GradientReducer::on_ready(std::size_t index) {
 ACCELERATE_INLINE void GradientReducer::open_round(bool from_backward) {
   round_open_ = true;
   // Runs when this backward pass ends, on the same thread, before backward() returns.
-  if (from_backward) at_end_of_backward(&GradientReducer::finish_round, &GradientReducer::round_abandoned_);
+  if (from_backward)
+    at_end_of_backward(weak_from_this(), &GradientReducer::finish_round, &GradientReducer::round_abandoned_);
   // Sharded: a slice gradient still held from an earlier synchronised backward (sync_each_batch,
   // or no zero_grad since) is a view of the bucket this round overwrites; it is kept apart, and
   // this round's average is added to it, as data parallel's .grad accumulates.
@@ -321,36 +275,9 @@ ACCELERATE_INLINE void GradientReducer::open_round(bool from_backward) {
       if (unreachable_[i]) mark_ready(i, /*used=*/false);
 }
 
-ACCELERATE_INLINE void GradientReducer::at_end_of_backward(void (GradientReducer::*finish)(),
-                                                          std::atomic<bool> GradientReducer::*abandoned) {
-  // Owned by the callback: destroyed unrun, it raises the flag.
-  struct Pending {
-    Pending(std::weak_ptr<GradientReducer> held, std::atomic<bool> GradientReducer::*flag)
-        : reducer(std::move(held)), abandoned(flag) {}
-    Pending(const Pending&) = delete;
-    Pending& operator=(const Pending&) = delete;
-    ~Pending() {
-      if (ran) return;
-      if (auto held = reducer.lock()) ((*held).*abandoned).store(true);
-    }
-    std::weak_ptr<GradientReducer> reducer;
-    std::atomic<bool> GradientReducer::*abandoned;
-    bool ran = false;
-  };
-  auto pending = std::make_shared<Pending>(weak_from_this(), abandoned);
-  torch::autograd::Engine::get_default_engine().queue_callback([pending, finish] {
-    pending->ran = true;
-    if (auto held = pending->reducer.lock()) ((*held).*finish)();
-  });
-}
-
 ACCELERATE_INLINE void GradientReducer::recover_abandoned_backward() {
   if (round_abandoned_) close_abandoned_round();
-  if (units_abandoned_.exchange(false)) {
-    units_round_open_ = false;
-    for (auto& unit : units_) unit.ready = 0;
-    release_units();
-  }
+  if (units_) units_->recover_abandoned_backward();
 }
 
 ACCELERATE_INLINE void GradientReducer::close_abandoned_round() {
@@ -363,79 +290,10 @@ ACCELERATE_INLINE void GradientReducer::close_abandoned_round() {
   round_open_ = false;
 }
 
-ACCELERATE_INLINE void GradientReducer::unit_progress(std::size_t index) {
-  if (!units_round_open_) {
-    units_round_open_ = true;
-    at_end_of_backward(&GradientReducer::end_units_round, &GradientReducer::units_abandoned_);
-  }
-  Unit& unit = units_[unit_of_[index]];
-  if (++unit.ready == unit.params.size()) release_unit(unit_of_[index]);
-}
-
-ACCELERATE_INLINE void GradientReducer::end_units_round() {
-  units_round_open_ = false;
-  for (auto& unit : units_) unit.ready = 0;
-  release_units();
-}
-
-ACCELERATE_INLINE void GradientReducer::assign_units() {
-  if (!shards_parameters()) return;
-  const auto& prefixes = options_.units;
-  unit_of_.assign(params_.size(), prefixes.size());
-  for (std::size_t i = 0; i < params_.size(); ++i)
-    for (std::size_t u = 0; u < prefixes.size(); ++u)
-      if (names_[i].rfind(prefixes[u] + ".", 0) == 0) {
-        unit_of_[i] = u;
-        break;
-      }
-  units_.assign(prefixes.size() + 1, Unit{});
-  for (std::size_t i = 0; i < params_.size(); ++i) units_[unit_of_[i]].params.push_back(i);
-}
-
 ACCELERATE_INLINE void GradientReducer::make_accumulator(std::size_t index) {
   accumulators_[index] = torch::autograd::impl::grad_accumulator(params_[index]);
   ACCELERATE_CHECK(accumulators_[index] != nullptr, "GradientReducer: parameter '", names_[index],
                    "' is not a leaf that accumulates gradients");
-}
-
-ACCELERATE_INLINE void GradientReducer::shard_parameters() {
-  torch::NoGradGuard no_grad;
-  param_buckets_.assign(layout_.size(), ParameterBucket{});
-  for (std::size_t b = 0; b < layout_.size(); ++b) {
-    const LaidOutBucket& bucket = layout_[b];
-    ParameterBucket& held = param_buckets_[b];
-    const at::TensorOptions& options = buffers_[b].options;
-    units_[unit_of_[bucket.params.front()]].buckets.push_back(b);
-    held.full = at::zeros({bucket.padded}, options);
-    for (std::size_t j = 0; j < bucket.params.size(); ++j) {
-      const std::size_t index = bucket.params[j];
-      at::Tensor place = held.full.narrow(0, bucket.offsets[j], numel_[index]);
-      if (built_[index].defined()) {
-        at::Tensor whole = at::empty({built_[index].numel() * world()}, options);
-        comm_->all_gather_into(whole, built_[index], "stage 3 prepare of parameters cut as they were built");
-        place.copy_(whole.narrow(0, 0, numel_[index]));
-        built_[index] = at::Tensor();
-      } else {
-        place.copy_(params_[index].detach().reshape(-1));
-      }
-      params_[index].set_data(storage_alias(held.full, bucket.offsets[j], shape_[index]));
-      if (!accumulators_[index]) make_accumulator(index);
-    }
-    const int64_t slice = layout_.slice_length(b, world());
-    held.shard = held.full.narrow(0, comm_->rank() * slice, slice).clone();
-    release_bucket(b);
-  }
-  for (auto& unit : units_) unit.state = UnitState::released;
-}
-
-ACCELERATE_INLINE void GradientReducer::start_gather(std::size_t unit) {
-  if (unit >= units_.size() || units_[unit].state != UnitState::released) return;
-  for (const std::size_t b : units_[unit].buckets) {
-    ParameterBucket& held = param_buckets_[b];
-    compat::allocate_storage(held.full.storage(), static_cast<std::size_t>(held.full.nbytes()));
-    held.gather = comm_->all_gather_into_async(held.full, held.shard);
-  }
-  units_[unit].state = UnitState::in_flight;
 }
 
 ACCELERATE_INLINE void GradientReducer::mark_ready(std::size_t index, bool used) {

@@ -67,39 +67,37 @@ inline bool steps_elementwise(const torch::optim::Optimizer& optimizer) {
 class ShardedModelSync : public ReducerHandle {
  public:
   ShardedModelSync() = default;
-  explicit ShardedModelSync(ReducerHandle handle) : ReducerHandle(std::move(handle)) {}
+  /// `units`: the model's parameter store (null with one process, where nothing is sharded);
+  /// `listed`: DdpOptions::shard_units, the units unit_forward gathers (the rest is gathered here).
+  ShardedModelSync(ReducerHandle handle, std::shared_ptr<ParameterUnits> units, std::vector<std::string> listed)
+      : ReducerHandle(std::move(handle)), units_(std::move(units)), listed_(std::move(listed)) {}
 
   /// Runs `module`'s forward with its units gathered (the prepared model calls it).
   template <class Module, class... Args>
   decltype(auto) forward(Module& module, Args&&... args) {
-    GradientReducer* reducer = this->reducer();
-    if (reducer == nullptr) return module.forward(std::forward<Args>(args)...);
+    if (units_ == nullptr) return module.forward(std::forward<Args>(args)...);
     if (!listed_.empty()) return listed_forward(module, std::forward<Args>(args)...);
     if constexpr (std::is_same_v<Module, torch::nn::SequentialImpl>) {
-      if (reducer->unit_count() > 1 && !module.is_empty())
+      if (units_->unit_count() > 1 && !module.is_empty())
         return sequential_forward(module, std::forward<Args>(args)...);
     }
-    for (std::size_t u = 0; u < reducer->unit_count(); ++u) reducer->prefetch_unit(u);  // all in flight,
-    for (std::size_t u = 0; u < reducer->unit_count(); ++u) reducer->gather_unit(u);    // then waited for
+    for (std::size_t u = 0; u < units_->unit_count(); ++u) units_->prefetch_unit(u);  // all in flight,
+    for (std::size_t u = 0; u < units_->unit_count(); ++u) units_->gather_unit(u);    // then waited for
     auto output = module.forward(std::forward<Args>(args)...);
-    if (!torch::autograd::GradMode::is_enabled()) reducer->release_units();  // no backward to come
+    if (!torch::autograd::GradMode::is_enabled()) units_->release_units();  // no backward to come
     return output;
   }
 
-  /// DdpOptions::shard_units: the units unit_forward gathers (the rest is gathered here).
-  void use_listed_units(std::vector<std::string> names) { listed_ = std::move(names); }
-
  private:
-  // The listed units are gathered by unit_forward; the parameters outside them (the reducer's
+  // The listed units are gathered by unit_forward; the parameters outside them (the store's
   // last unit) for the whole forward. A listed unit called directly sees its released, empty
   // parameters, and the failing op's error says so.
   template <class Module, class... Args>
   decltype(auto) listed_forward(Module& module, Args&&... args) {
-    GradientReducer* reducer = this->reducer();
-    reducer->gather_unit(reducer->unit_count() - 1);
+    units_->gather_unit(units_->unit_count() - 1);
     try {
       decltype(auto) output = module.forward(std::forward<Args>(args)...);
-      if (!torch::autograd::GradMode::is_enabled()) reducer->release_units();  // no backward to come
+      if (!torch::autograd::GradMode::is_enabled()) units_->release_units();  // no backward to come
       return output;
     } catch (const c10::Error& e) {
       std::string units;
@@ -112,14 +110,14 @@ class ShardedModelSync : public ReducerHandle {
 
   template <class... Args>
   at::Tensor sequential_forward(torch::nn::SequentialImpl& sequential, Args&&... args) {
-    const std::shared_ptr<GradientReducer>& reducer = shared_reducer();
+    ParameterUnits& units = *units_;
     const bool backward = torch::autograd::GradMode::is_enabled();
-    const std::size_t units = sequential.size();
+    const std::size_t count = sequential.size();
     std::optional<torch::nn::AnyValue> value;
     std::size_t unit = 0;
     for (auto it = sequential.begin(); it != sequential.end(); ++it, ++unit) {
-      reducer->gather_unit(unit);
-      reducer->prefetch_unit(next_with_parameters(*reducer, unit, +1));
+      units.gather_unit(unit);
+      units.prefetch_unit(next_with_parameters(units, unit, +1));
       if (unit == 0) {
         value.emplace(it->any_forward(std::forward<Args>(args)...));
       } else {
@@ -127,24 +125,25 @@ class ShardedModelSync : public ReducerHandle {
         value.emplace(std::move(next));
       }
       at::Tensor* output = value->try_get<at::Tensor>();
-      if (backward && reducer->unit_has_parameters(unit) && output != nullptr && output->requires_grad()) {
-        reducer->regather_in_backward(*output, unit, next_with_parameters(*reducer, unit, -1));
+      if (backward && units.unit_has_parameters(unit) && output != nullptr && output->requires_grad()) {
+        units.regather_in_backward(*output, unit, next_with_parameters(units, unit, -1));
       }
       // The last unit's backward comes first: it stays gathered for it.
-      if (!backward || unit + 1 < units) reducer->release_unit(unit);
+      if (!backward || unit + 1 < count) units.release_unit(unit);
     }
     return value->get<at::Tensor>();
   }
 
   // The nearest unit after (+1) or before (-1) `unit` with parameters; unit_count() if none.
-  static std::size_t next_with_parameters(const GradientReducer& reducer, std::size_t unit, int direction) {
-    for (std::size_t u = unit; direction > 0 ? u + 1 < reducer.unit_count() : u > 0;) {
+  static std::size_t next_with_parameters(const ParameterUnits& units, std::size_t unit, int direction) {
+    for (std::size_t u = unit; direction > 0 ? u + 1 < units.unit_count() : u > 0;) {
       u = direction > 0 ? u + 1 : u - 1;
-      if (reducer.unit_has_parameters(u)) return u;
+      if (units.unit_has_parameters(u)) return u;
     }
-    return reducer.unit_count();
+    return units.unit_count();
   }
 
+  std::shared_ptr<ParameterUnits> units_;
   std::vector<std::string> listed_;  // DdpOptions::shard_units
 };
 
@@ -231,6 +230,9 @@ class ShardedCore : public ProcessGroupCore {
   ReducerHandle make_sharded_model_sync(torch::nn::Module& module, const std::string& name,
                                         const AcceleratorOptions& options);
 
+  /// Stage 3: the store of a prepared model's parameters (null with one process).
+  std::shared_ptr<ParameterUnits> parameter_units(const torch::nn::Module& module) const;
+
   /// Stage 3: cuts `unit`'s trainable parameters to this rank's slices the moment it is built
   /// (Accelerator::shard_unit): rank 0's values are broadcast, as prepare would, each rank
   /// keeps ceil(numel / W) of each parameter's flattened values, and the parameter becomes an
@@ -268,6 +270,7 @@ class ShardedCore : public ProcessGroupCore {
   struct Model {
     std::string name;
     std::shared_ptr<GradientReducer> reducer;
+    std::shared_ptr<ParameterUnits> units;  // stage 3
   };
   struct OptimizerShard {
     std::vector<checkpoint::ShardRecord> pieces;               // in the optimizer's state order
@@ -318,11 +321,9 @@ class ShardedEngine : public ShardedCore {
   /// As data parallel, with a sharded reducer this engine keeps, so that optimizers prepared
   /// afterwards find which slices of their parameters this rank owns.
   ModelSync make_model_sync(torch::nn::Module& module, const std::string& name, const AcceleratorOptions& options) {
-    ModelSync sync(make_sharded_model_sync(module, name, options));
-    if constexpr (Stage == 3) {
-      if (!options.ddp.shard_units.empty() && sync.shared_reducer()) sync.use_listed_units(options.ddp.shard_units);
-    }
-    return sync;
+    ReducerHandle handle = make_sharded_model_sync(module, name, options);
+    if constexpr (Stage == 3) return ModelSync(std::move(handle), parameter_units(module), options.ddp.shard_units);
+    else return handle;
   }
 
   /// Stage 3: see ShardedCore::cut_as_built (Accelerator::shard_unit).

@@ -57,13 +57,16 @@ ACCELERATE_INLINE ReducerHandle ShardedCore::make_sharded_model_sync(torch::nn::
     built.insert(std::move(*it));
     built_.erase(it);
   }
-  ReducerHandle handle = ProcessGroupCore::make_model_sync(module, name, options, sharding, std::move(units), std::move(built));
+  std::shared_ptr<ParameterUnits> store;
+  if (stage_ == 3 && this->communicator())
+    store = std::make_shared<ParameterUnits>(std::move(units), std::move(built), options.ddp.prefetch_units);
+  ReducerHandle handle = ProcessGroupCore::make_model_sync(module, name, options, sharding, store);
   if (!handle.shared_reducer()) {  // one process: each parameter is its own whole shard
     for (auto& item : module.named_parameters(true))
       if (item.value().requires_grad()) whole_[item.value().unsafeGetTensorImpl()] = {name, item.key()};
   }
   if (const auto& reducer = handle.shared_reducer()) {
-    models_.push_back({name, reducer});
+    models_.push_back({name, reducer, store});
     model_of_[&module] = models_.size() - 1;
     const auto& params = reducer->parameters();
     for (std::size_t i = 0; i < params.size(); ++i)
@@ -74,13 +77,18 @@ ACCELERATE_INLINE ReducerHandle ShardedCore::make_sharded_model_sync(torch::nn::
       slices_.insert(pieces[k].unsafeGetTensorImpl());
     }
   }
-  if (!listed.empty() && handle.shared_reducer()) {  // (stage 3 only lists units)
+  if (!listed.empty() && store) {  // (stage 3 only lists units)
     for (std::size_t u = 0; u < listed.size(); ++u)
       UnitBindings::instance().bind(unit_modules[u],
-                                    {handle.shared_reducer(), u, u + 1 < listed.size() ? std::optional(u + 1) : std::nullopt,
+                                    {store, u, u + 1 < listed.size() ? std::optional(u + 1) : std::nullopt,
                                      u > 0 ? std::optional(u - 1) : std::nullopt});
   }
   return handle;
+}
+
+ACCELERATE_INLINE std::shared_ptr<ParameterUnits> ShardedCore::parameter_units(const torch::nn::Module& module) const {
+  const auto found = model_of_.find(&module);
+  return found == model_of_.end() ? nullptr : models_[found->second].units;
 }
 
 ACCELERATE_INLINE void ShardedCore::cut_as_built(torch::nn::Module& unit) {
@@ -135,7 +143,8 @@ ACCELERATE_INLINE std::vector<const torch::nn::Module*> ShardedCore::listed_unit
 }
 
 ACCELERATE_INLINE void ShardedCore::release_prepared() {
-  for (const auto& entry : models_) UnitBindings::instance().unbind(entry.reducer.get());
+  for (const auto& entry : models_)
+    if (entry.units) UnitBindings::instance().unbind(entry.units.get());
   models_.clear();
   model_of_.clear();
   owners_.clear();
@@ -212,7 +221,7 @@ ACCELERATE_INLINE void ShardedCore::step_optimizer(torch::optim::Optimizer& opti
   const auto shard = shards_.find(&optimizer);
   if (shard == shards_.end()) return;
   for (const auto& [model, bucket] : shard->second.buckets) {
-    if (stage_ == 3) models_[model].reducer->release_units();
+    if (models_[model].units) models_[model].units->release_units();
     else models_[model].reducer->gather_parameters(bucket);
   }
   if (trims_heap_each_step_ && this->collective_device().is_cpu()) return_free_heap_to_os();
@@ -235,15 +244,16 @@ ACCELERATE_INLINE std::vector<std::pair<std::string, at::Tensor>> ShardedCore::g
   auto state = checkpoint::named_tensors(module);
   const auto found = model_of_.find(&module);
   if (found == model_of_.end()) return state;  // one process: the parameters are whole
-  GradientReducer& reducer = *models_[found->second].reducer;
+  const GradientReducer& reducer = *models_[found->second].reducer;
+  ParameterUnits& units = *models_[found->second].units;
   std::map<std::string, at::Tensor> whole;
-  for (std::size_t u = 0; u < reducer.unit_count(); ++u) {
-    if (!reducer.unit_has_parameters(u)) continue;
-    const bool was_gathered = reducer.unit_gathered(u);
-    reducer.gather_unit(u);
-    for (const std::size_t index : reducer.unit_parameters(u))
+  for (std::size_t u = 0; u < units.unit_count(); ++u) {
+    if (!units.unit_has_parameters(u)) continue;
+    const bool was_gathered = units.unit_gathered(u);
+    units.gather_unit(u);
+    for (const std::size_t index : units.unit_parameters(u))
       whole[reducer.names()[index]] = reducer.parameters()[index].detach().clone();
-    if (!was_gathered) reducer.release_unit(u);
+    if (!was_gathered) units.release_unit(u);
   }
   for (auto& [name, tensor] : state)
     if (const auto it = whole.find(name); it != whole.end()) tensor = it->second;
@@ -367,6 +377,7 @@ ACCELERATE_INLINE checkpoint::Entry ShardedCore::sharded_model_entry(const torch
   if (found == model_of_.end())
     return this->communicator() ? entry : checkpoint::whole_sharded_model_entry(module, stage_);
   std::shared_ptr<GradientReducer> reducer = models_[found->second].reducer;
+  std::shared_ptr<ParameterUnits> units = models_[found->second].units;
   std::vector<checkpoint::ShardRecord> pieces;
   for (const auto& piece : reducer->shard_pieces())
     pieces.push_back({.parameter = reducer->names()[piece.param], .shape = reducer->shape_of(piece.param),
@@ -404,7 +415,7 @@ ACCELERATE_INLINE checkpoint::Entry ShardedCore::sharded_model_entry(const torch
     }
   };
   entry.check = check;
-  entry.load = [reducer, target, check, sharded](const StateDict& saved) {
+  entry.load = [reducer, units, target, check, sharded](const StateDict& saved) {
     check(saved);
     torch::NoGradGuard no_grad;
     for (auto& [name, tensor] : checkpoint::named_tensors(*target))
@@ -413,7 +424,7 @@ ACCELERATE_INLINE checkpoint::Entry ShardedCore::sharded_model_entry(const torch
       at::Tensor piece = reducer->shard_piece_tensors()[k];
       piece.copy_(saved.tensors.at(reducer->names()[reducer->shard_pieces()[k].param]).reshape(-1));
     }
-    reducer->release_units();  // a unit left gathered holds the old values
+    units->release_units();  // a unit left gathered holds the old values
   };
   entry.reshard = [manifest](const std::vector<StateDict>& saved) {
     return checkpoint::resharded_model_state(manifest, saved);

@@ -23,7 +23,7 @@
 #include <accelerate/compat/torch.hpp>
 #include <accelerate/detail/check.hpp>
 #include <accelerate/detail/linkage.hpp>
-#include <accelerate/distributed/reducer.hpp>
+#include <accelerate/distributed/parameter_units.hpp>
 
 namespace accelerate::distributed {
 
@@ -33,7 +33,7 @@ namespace accelerate::distributed {
 class UnitBindings {
  public:
   struct Binding {
-    std::weak_ptr<GradientReducer> reducer;
+    std::weak_ptr<ParameterUnits> units;  // the prepared model's parameter store
     std::size_t unit = 0;
     std::optional<std::size_t> next, previous;  // the neighbours in the listed (forward) order
   };
@@ -46,12 +46,12 @@ class UnitBindings {
   /// Binds `module` (replacing an earlier binding) and drops bindings whose model is gone.
   void bind(const torch::nn::Module* module, Binding binding);
 
-  /// Forgets the units of `reducer`'s model (free_memory()).
-  void unbind(const GradientReducer* reducer);
+  /// Forgets the units of the model whose parameters `units` holds (free_memory()).
+  void unbind(const ParameterUnits* units);
 
   /// The binding of `module`, if its model is still prepared. Without any binding in the
   /// process this is one atomic load.
-  std::optional<std::pair<std::shared_ptr<GradientReducer>, Binding>> find(const torch::nn::Module* module) const;
+  std::optional<std::pair<std::shared_ptr<ParameterUnits>, Binding>> find(const torch::nn::Module* module) const;
 
  private:
   mutable std::mutex mutex_;
@@ -92,26 +92,26 @@ decltype(auto) unit_forward(Child& child, Args&&... args) {
   using Output = decltype(call());
   const auto bound = UnitBindings::instance().find(module);
   if (!bound) return Output(call());
-  const std::shared_ptr<GradientReducer>& reducer = bound->first;
+  ParameterUnits& units = *bound->first;
   const UnitBindings::Binding& binding = bound->second;
-  reducer->gather_unit(binding.unit);
+  units.gather_unit(binding.unit);
   // Inside backward this is an activation checkpoint's recompute, and this unit's backward
   // comes next: releasing it here would make that backward gather it again. It stays gathered
-  // until its gradients are in (the reducer releases it then), and the unit whose backward
+  // until its gradients are in (the store releases it then), and the unit whose backward
   // follows is the previous one, not the next.
   if (compat::in_backward()) {
-    if (binding.previous) reducer->prefetch_unit(*binding.previous);
+    if (binding.previous) units.prefetch_unit(*binding.previous);
     return Output(call());
   }
-  if (binding.next) reducer->prefetch_unit(*binding.next);
+  if (binding.next) units.prefetch_unit(*binding.next);
   Output output = call();
   const bool backward = torch::autograd::GradMode::is_enabled();
   if constexpr (std::is_same_v<std::decay_t<Output>, at::Tensor>) {
     if (backward && output.requires_grad())
-      reducer->regather_in_backward(output, binding.unit, binding.previous.value_or(reducer->unit_count()));
-    reducer->release_unit(binding.unit);
+      units.regather_in_backward(output, binding.unit, binding.previous.value_or(units.unit_count()));
+    units.release_unit(binding.unit);
   } else if (!backward) {
-    reducer->release_unit(binding.unit);
+    units.release_unit(binding.unit);
   }
   return output;
 }
