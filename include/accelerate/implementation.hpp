@@ -71,6 +71,7 @@
 #include <accelerate/step/context.ipp>
 #include <accelerate/step/item_weighting.ipp>
 #include <accelerate/track/csv.ipp>
+#include <accelerate/track/fingerprint.ipp>
 #include <accelerate/track/jsonl.ipp>
 #include <accelerate/track/profile.ipp>
 #include <accelerate/track/progress.ipp>
